@@ -1,0 +1,1 @@
+"""Model-agnostic diagnostics and the MLflow plumbing (config artifact, figures, system metrics)."""

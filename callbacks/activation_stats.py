@@ -1,0 +1,231 @@
+"""Activation sparsity and spikes (paper 000-09), measured on what enters every linear/conv layer.
+
+Forward pre-hooks on each weight layer read its input ``h`` on evaluation batches (the module in eval mode,
+dropout off) and accumulate:
+
+- ``sparsity``: the fraction of exact zeros in ``h`` (for a layer reading ReLU, the activation sparsity);
+- ``max``: ``max |h|``, the activation-spike statistic of the authors' code (``max_input_value``);
+- ``spike_ratio``: ``max |h|`` over the median of the non-zero ``|h|``.
+
+Logged as ``diag/activations/<layer>/{sparsity,max,spike_ratio}`` plus the averages over the layers that
+read a positively biased activation, ``diag/activations/downstream_sparsity`` and ``downstream_max`` (roles
+as in ``callbacks.weight_drift``).
+
+When: on the first ``eval_batches`` batches of every validation run (and the sanity check, which gives the
+initialisation), and, with ``every_n_steps > 0``, every n optimiser steps on the current training batch
+through the module's ``diagnostic_forward(batch)`` (or ``forward(batch[0])``) in eval mode.
+
+DDP: zero counts, element counts and a log-spaced histogram of ``|h|`` (for the median) are summed over
+ranks and maxima are max-reduced, so with the core's sharded loader the numbers equal the single-process
+ones. The median is read from that histogram (bins 0.5% wide in ``log10 |h|``), not sorted exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor, nn
+
+from callbacks.figures import log_figure
+from callbacks.weight_drift import InputSourceTracer, forward_on, log_metrics, weight_layers
+
+PREFIX = "diag/activations"
+_LOG_LO, _LOG_HI, _N_BINS = -10.0, 10.0, 4000  # log10|h| range of the median histogram (0.005 per bin)
+
+
+def layer_input_stats(h: Tensor) -> tuple[int, int, float, Tensor]:
+    """``(number of exact zeros, number of entries, max |h|, histogram of log10 |h| over non-zeros)``."""
+    a = h.detach().abs().flatten().float()
+    nz = a[a > 0]
+    hist = torch.histc(nz.log10().clamp(_LOG_LO, _LOG_HI - 1e-6), bins=_N_BINS, min=_LOG_LO, max=_LOG_HI)
+    return a.numel() - nz.numel(), a.numel(), (a.max().item() if a.numel() else 0.0), hist.double()
+
+
+def histogram_median(hist: Tensor) -> float:
+    """The median of the values a log10 histogram counts (centre of the bin where the CDF crosses 1/2)."""
+    total = hist.sum()
+    if total <= 0:
+        return 0.0
+    k = int(torch.searchsorted(hist.cumsum(0), total / 2).item())
+    width = (_LOG_HI - _LOG_LO) / _N_BINS
+    return 10 ** (_LOG_LO + (min(k, _N_BINS - 1) + 0.5) * width)
+
+
+class ActivationStats(Callback):
+    """Sparsity, maximum and spike ratio of the input of every linear/conv layer, on eval batches.
+
+    Args:
+        eval_batches: validation batches measured per validation run (0: none).
+        every_n_steps: also measure on the training batch every n optimiser steps (0: only on validation).
+        exclude: skip layers whose name contains any of these strings.
+        plot: log a sparsity heat map (layer x step) and max-activation curves at the end of fit.
+    """
+
+    def __init__(
+        self,
+        eval_batches: int = 2,
+        every_n_steps: int = 0,
+        exclude: list[str] = [],  # noqa: B006 - jsonargparse shows the default in --help
+        plot: bool = True,
+    ) -> None:
+        if eval_batches < 0 or every_n_steps < 0:
+            raise ValueError(f"eval_batches and every_n_steps must be >= 0, got {eval_batches}, {every_n_steps}")
+        if eval_batches == 0 and every_n_steps == 0:
+            raise ValueError("ActivationStats would never measure: set eval_batches > 0 or every_n_steps > 0")
+        self.eval_batches = eval_batches
+        self.every_n_steps = every_n_steps
+        self.exclude = tuple(exclude)
+        self.plot = plot
+        self.roles: dict[str, str] = {}
+        self.history: list[dict[str, float]] = []
+        self._acc: dict[str, list[Any]] = {}
+        self._handles: list[Any] = []
+        self._tracer: InputSourceTracer | None = None
+
+    # --- hooks ------------------------------------------------------------------------------------------
+    def _attach(self, model: nn.Module) -> None:
+        if not self.roles:
+            self._tracer = InputSourceTracer(model, self.exclude).__enter__()
+        for name, m in weight_layers(model, self.exclude):
+            self._handles.append(m.register_forward_pre_hook(self._hook(name)))
+
+    def _detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self._tracer is not None:
+            self._tracer.__exit__()
+            self.roles = {n: self._tracer.roles.get(n, "other") for n in self._acc}
+            self._tracer = None
+
+    def _hook(self, name: str) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if not (args and isinstance(args[0], Tensor)):
+                return
+            zeros, n, mx, hist = layer_input_stats(args[0])
+            acc = self._acc.get(name)
+            if acc is None:
+                self._acc[name] = [zeros, n, mx, hist]
+            else:
+                acc[0] += zeros
+                acc[1] += n
+                acc[2] = max(acc[2], mx)
+                acc[3] += hist
+
+        return hook
+
+    # --- reduction and logging --------------------------------------------------------------------------
+    def _flush(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        names = list(weight_layers(pl_module, self.exclude))
+        if not self._acc and not names:
+            return
+        layer_names = [n for n, _ in names]
+        device = pl_module.device
+        counts = torch.zeros(len(layer_names), 2 + _N_BINS, dtype=torch.float64, device=device)
+        maxima = torch.zeros(len(layer_names), dtype=torch.float64, device=device)
+        for i, n in enumerate(layer_names):
+            if n in self._acc:
+                zeros, total, mx, hist = self._acc[n]
+                counts[i, 0], counts[i, 1], maxima[i] = zeros, total, mx
+                counts[i, 2:] = hist.to(device)
+        self._acc = {}
+        if trainer.world_size > 1:
+            counts = trainer.strategy.reduce(counts, reduce_op="sum")
+            maxima = trainer.strategy.reduce(maxima, reduce_op="max")
+        metrics = self.summarise(layer_names, counts.cpu(), maxima.cpu())
+        step = trainer.global_step
+        if self.history and self.history[-1]["step"] == step:
+            self.history[-1] = {"step": float(step), **metrics}
+        else:
+            self.history.append({"step": float(step), **metrics})
+        log_metrics(trainer, {f"{PREFIX}/{k}": v for k, v in metrics.items()}, step)
+
+    def summarise(self, layer_names: list[str], counts: Tensor, maxima: Tensor) -> dict[str, float]:
+        out: dict[str, float] = {}
+        down_sp, down_mx = [], []
+        for i, n in enumerate(layer_names):
+            if counts[i, 1] == 0:
+                continue
+            sparsity = (counts[i, 0] / counts[i, 1]).item()
+            mx = maxima[i].item()
+            med = histogram_median(counts[i, 2:])
+            out[f"{n}/sparsity"] = sparsity
+            out[f"{n}/max"] = mx
+            out[f"{n}/spike_ratio"] = mx / med if med > 0 else 0.0
+            if self.roles.get(n) == "downstream":
+                down_sp.append(sparsity)
+                down_mx.append(mx)
+        if down_sp:
+            out["downstream_sparsity"] = sum(down_sp) / len(down_sp)
+            out["downstream_max"] = max(down_mx)
+        return out
+
+    # --- when -------------------------------------------------------------------------------------------
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                                  batch_idx: int, dataloader_idx: int = 0) -> None:
+        if batch_idx < self.eval_batches and dataloader_idx == 0:
+            self._attach(pl_module)
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._detach()
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.eval_batches > 0:
+            self._flush(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.every_n_steps <= 0 or trainer.global_step % self.every_n_steps != 0:
+            return
+        if self.history and self.history[-1]["step"] == trainer.global_step:
+            return  # gradient accumulation: one measurement per optimiser step
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            self._attach(pl_module)
+            with torch.no_grad():
+                forward_on(pl_module, batch)
+        finally:
+            self._detach()
+            pl_module.train(was_training)
+        self._flush(trainer, pl_module)
+
+    # --- state and figures ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"roles": dict(self.roles), "history": list(self.history)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.roles = dict(state_dict.get("roles", {}))
+        self.history = list(state_dict.get("history", []))
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.plot and self.history and trainer.is_global_zero and trainer.loggers:
+            log_figure(trainer, self.figure(), "figures/activation_stats.png")
+
+    def figure(self) -> Any:
+        """Sparsity heat map (layer x measurement) and max |h| per layer against step."""
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        layers = sorted({k.rsplit("/", 1)[0] for h in self.history for k in h if k.endswith("/sparsity")})
+        steps = [h["step"] for h in self.history]
+        grid = [[h.get(f"{n}/sparsity", float("nan")) for h in self.history] for n in layers]
+        fig, axes = plt.subplots(1, 2, figsize=(12, max(3.0, 0.25 * len(layers) + 1)))
+        im = axes[0].imshow(grid, aspect="auto", vmin=0, vmax=1, cmap="viridis")
+        axes[0].set_yticks(range(len(layers)), layers, fontsize=6)
+        ticks = list(range(0, len(steps), max(1, len(steps) // 8)))
+        axes[0].set_xticks(ticks, [int(steps[i]) for i in ticks])
+        axes[0].set(xlabel="step", title="input sparsity (exact zeros)")
+        fig.colorbar(im, ax=axes[0])
+        for n in layers:
+            axes[1].plot(steps, [h.get(f"{n}/max", float("nan")) for h in self.history], label=n, alpha=0.7)
+        axes[1].set(xlabel="step", ylabel="max |h|", yscale="log", title="activation spikes")
+        axes[1].legend(fontsize=6)
+        fig.tight_layout()
+        return fig

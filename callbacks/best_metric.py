@@ -1,0 +1,46 @@
+"""Log ``<monitor>_best`` next to the monitored metric: the MLflow table shows a metric's last value."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+
+class BestMetric(Callback):
+    """After every validation, log the best value so far of ``monitor`` as ``<monitor>_best``.
+
+    Args:
+        monitor: the metric name, for example ``val/acc``.
+        mode: ``max`` or ``min``.
+    """
+
+    def __init__(self, monitor: str = "val/acc", mode: str = "max") -> None:
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+        self.monitor = monitor
+        self.mode = mode
+        self.best: float | None = None
+
+    def _better(self, value: float) -> bool:
+        if self.best is None:
+            return True
+        return value > self.best if self.mode == "max" else value < self.best
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or self.monitor not in trainer.callback_metrics:
+            return
+        value = float(trainer.callback_metrics[self.monitor])
+        if math.isfinite(value) and self._better(value):
+            self.best = value
+        if self.best is not None and trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics({f"{self.monitor}_best": self.best}, step=trainer.global_step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best = state_dict.get("best")

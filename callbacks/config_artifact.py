@@ -1,0 +1,78 @@
+"""Log the resolved config to MLflow: the YAML as an artifact, every leaf as a param, the run's tags.
+
+LightningCLI's stock ``SaveConfigCallback`` writes into ``trainer.log_dir``, which is None for an MLflow
+logger on a database URI; this subclass writes to the MLflow run instead (rank 0 only).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import yaml
+from lightning.pytorch.cli import SaveConfigCallback
+
+from callbacks.figures import log_artifact_bytes, mlflow_logger
+from callbacks.mlflow_logger import PaperlabMLFlowLogger
+
+
+def git_state(repo: Path | None = None) -> dict[str, str]:
+    """``{"git_commit": sha, "git_dirty": "true"/"false"}`` of the project tree, or "unknown" outside git."""
+    cwd = str(repo or Path(__file__).resolve().parent.parent)
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd, capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+        return {"git_commit": sha, "git_dirty": str(bool(dirty)).lower()}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": "unknown", "git_dirty": "unknown"}
+
+
+def run_tags(trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> dict[str, Any]:
+    dm = trainer.datamodule
+    tags: dict[str, Any] = {
+        "paper_id": getattr(pl_module, "paper_id", "") or "none",
+        "method": method_name(type(pl_module)),
+        "dataset": getattr(dm, "dataset_name", type(dm).__name__ if dm is not None else "none"),
+        "strategy": type(trainer.strategy).__name__,
+        "devices": trainer.world_size,
+        "accelerator": type(trainer.accelerator).__name__,
+        f"stage.{getattr(stage, 'value', stage)}": "true",
+    }
+    tags.update(git_state())
+    tags["mlflow.source.git.commit"] = tags["git_commit"]
+    return tags
+
+
+def method_name(module_class: type) -> str:
+    """``modules.causal_pieces`` (or ``modules.causal_pieces.snn``) -> ``causal_pieces``."""
+    parts = module_class.__module__.split(".")
+    if parts[0] == "modules" and len(parts) > 1:
+        return parts[1]
+    return module_class.__name__.lower()
+
+
+class ConfigArtifact(SaveConfigCallback):
+    """Config to MLflow. ``fit`` logs ``config/config.yaml`` and the flattened config as params; the other
+    subcommands log ``config/<stage>_config.yaml`` only (their params would collide with fit's)."""
+
+    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        logger = mlflow_logger(trainer)
+        if logger is None:
+            return
+        dumped = self.parser.dump(self.config, skip_none=False)
+        name = "config.yaml" if stage == "fit" else f"{stage}_config.yaml"
+        log_artifact_bytes(logger, dumped, f"config/{name}")
+        if isinstance(logger, PaperlabMLFlowLogger):
+            logger.set_tags(run_tags(trainer, pl_module, stage))
+            if stage == "fit":
+                params = yaml.safe_load(dumped)
+                params.pop("config", None)
+                logger.log_params_dict(params)
+                logger.params_from_config = True

@@ -1,0 +1,11 @@
+"""Per-sample gradient statistics: the estimator behind ``callbacks.gradient_variance``.
+
+``stats`` holds the additive sufficient statistics (they sum across ranks), ``per_sample`` the reference
+(``torch.func`` vmap) and micro-batch-loop implementations, ``hooks`` the fast path for linear layers,
+embeddings and norms, and ``estimator`` the automatic choice between them.
+"""
+
+from callbacks.grad_variance.estimator import GradientVarianceEstimator, estimate_gradient_variance
+from callbacks.grad_variance.stats import GradStats, finalize
+
+__all__ = ["GradStats", "GradientVarianceEstimator", "estimate_gradient_variance", "finalize"]

@@ -1,0 +1,155 @@
+"""Choose how to compute per-sample gradient statistics, once per model, and compute them.
+
+``method="auto"`` tries, in order: the hook fast path (every trainable parameter in a Linear /
+Embedding / LayerNorm / RMSNorm, checked once against the single-sample loop on two samples), then
+``torch.func`` vmap (checked to run on two samples), then the loop over single-sample micro-batches.
+The choice is logged (logger ``callbacks.grad_variance``) and kept for later calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from callbacks.grad_variance.hooks import hook_modules, hook_stats, probe_batched
+from callbacks.grad_variance.per_sample import (
+    PerSampleLoss,
+    batch_size,
+    loop_stats,
+    slice_batch,
+    trainable,
+    vmap_stats,
+)
+from callbacks.grad_variance.stats import GradStats, finalize
+
+log = logging.getLogger("callbacks.grad_variance")
+METHODS = ("auto", "hooks", "vmap", "loop")
+
+
+@contextmanager
+def _eval_mode(model: nn.Module):
+    """Dropout off while checking the fast path: the comparison needs the same function twice."""
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
+def _agree(a: GradStats, b: GradStats, rtol: float) -> bool:
+    for k in b.sum_sq:
+        scale = max(b.sum_sq[k].abs().item(), 1e-30)
+        if abs(a.sum_sq[k].item() - b.sum_sq[k].item()) > rtol * scale + 1e-20:
+            return False
+        gscale = max(b.sum_g[k].norm().item(), (b.sum_sq[k].item() * b.n) ** 0.5, 1e-30)
+        if (a.sum_g[k] - b.sum_g[k]).norm().item() > rtol * gscale + 1e-20:
+            return False
+    return True
+
+
+def param_groups(model: nn.Module, depth: int | None = None) -> dict[str, str]:
+    """Parameter name -> group: its owning module's path, cut to ``depth`` components if given."""
+    out = {}
+    for k in trainable(model):
+        parts = k.split(".")[:-1] or [k]
+        out[k] = ".".join(parts[:depth] if depth else parts)
+    return out
+
+
+class GradientVarianceEstimator:
+    """Per-sample gradient variance of ``per_sample_loss(model, batch) -> (B,)``; see ``stats`` for the maths.
+
+    Args:
+        method: "auto", "hooks" (fast path), "vmap" (torch.func reference) or "loop" (one backward
+            pass per sample).
+        group_depth: per-group values over module paths cut to this many components (None: the module
+            owning each parameter).
+        ghost: Linear-weight ghost norms for the hook path: "auto", "always" or "never".
+        vmap_chunk_size: samples per vmap chunk (None: all at once) to bound memory.
+    """
+
+    def __init__(
+        self,
+        method: str = "auto",
+        group_depth: int | None = None,
+        ghost: str = "auto",
+        vmap_chunk_size: int | None = None,
+    ) -> None:
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if ghost not in ("auto", "always", "never"):
+            raise ValueError(f"ghost must be 'auto', 'always' or 'never', got {ghost!r}")
+        self.method = method
+        self.group_depth = group_depth
+        self.ghost = ghost
+        self.vmap_chunk_size = vmap_chunk_size
+        self.chosen: str | None = None if method == "auto" else method
+        self._batched: dict[int, bool] | None = None
+
+    def _choose(self, model: nn.Module, fn: PerSampleLoss, batch: Any) -> str:
+        n = batch_size(batch)
+        two = slice_batch(batch, slice(0, 2), n)
+        with _eval_mode(model):
+            if hook_modules(model) is not None:
+                batched = probe_batched(model, fn, batch)
+                if batched is not None:
+                    try:
+                        ok = _agree(hook_stats(model, fn, two, batched), loop_stats(model, fn, two), 1e-3)
+                    except Exception as err:  # noqa: BLE001 - any failure means: use the reference
+                        log.warning("gradient variance: hook fast path failed (%s); trying vmap", err)
+                        ok = False
+                    if ok:
+                        self._batched = batched
+                        return "hooks"
+                    log.warning("gradient variance: hook fast path disagrees with the loop; trying vmap")
+            try:
+                vmap_stats(model, fn, two, self.vmap_chunk_size)
+                return "vmap"
+            except Exception as err:  # noqa: BLE001
+                log.warning("gradient variance: vmap cannot trace this model (%s); using the loop", err)
+                return "loop"
+
+    def stats(self, model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) -> GradStats:
+        """The additive sufficient statistics (sum over ranks before ``finalize``)."""
+        if batch_size(batch) < 2 and self.chosen in (None, "hooks"):
+            raise ValueError("the gradient variance needs a batch of at least 2 samples")
+        if self.chosen is None:
+            self.chosen = self._choose(model, per_sample_loss, batch)
+            log.info("gradient variance: using the %r method for %s", self.chosen, type(model).__name__)
+        if self.chosen == "hooks":
+            if self._batched is None:
+                self._batched = probe_batched(model, per_sample_loss, batch) or {}
+            return hook_stats(model, per_sample_loss, batch, self._batched, self.ghost)
+        if self.chosen == "vmap":
+            return vmap_stats(model, per_sample_loss, batch, self.vmap_chunk_size)
+        return loop_stats(model, per_sample_loss, batch)
+
+    def __call__(self, model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) -> dict:
+        stats = self.stats(model, per_sample_loss, batch)
+        out = finalize(stats, param_groups(model, self.group_depth))
+        out["method"] = self.chosen
+        return out
+
+
+def estimate_gradient_variance(
+    model: nn.Module,
+    per_sample_loss: PerSampleLoss,
+    batch: Any,
+    method: str = "auto",
+    group_depth: int | None = None,
+) -> dict:
+    """Gradient variance of a batch: ``{"n", "trace", "grad_norm_sq", "noise_scale", "groups", "method"}``.
+
+    ``per_sample_loss(model, batch)`` returns the ``(B,)`` losses l_i (each the loss of sample i alone);
+    ``trace`` = tr(Sigma), the unbiased sum over parameters of the variance of the per-sample gradients
+    g_i = grad l_i; ``grad_norm_sq`` = |mean_i g_i|^2; ``noise_scale`` = trace / grad_norm_sq; ``groups``
+    has the same three per module. Gradients are never written to ``.grad``. For repeated calls on one
+    model keep a ``GradientVarianceEstimator`` so that the automatic choice is made once.
+    """
+    with torch.enable_grad():
+        return GradientVarianceEstimator(method, group_depth)(model, per_sample_loss, batch)

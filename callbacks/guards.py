@@ -1,0 +1,85 @@
+"""Stop cleanly on a NaN/inf loss and mark Ctrl-C as KILLED with a checkpoint written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from callbacks.mlflow_logger import PaperlabMLFlowLogger
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss."""
+
+
+class FiniteLossGuard(Callback):
+    """Stop training at a NaN/inf loss, naming the step where it first appeared.
+
+    The check accumulates on the loss's device and reads it back only every ``check_every_n_steps`` steps
+    and before every validation and epoch-end checkpoint, so it adds no per-step host sync on a GPU while
+    no checkpoint is ever written from non-finite weights. The exception marks the MLflow run FAILED; the
+    last checkpoint written before the bad step stays the newest one.
+    """
+
+    def __init__(self, check_every_n_steps: int = 10) -> None:
+        if check_every_n_steps <= 0:
+            raise ValueError(f"check_every_n_steps must be positive, got {check_every_n_steps}")
+        self.check_every_n_steps = check_every_n_steps
+        self._first_bad: torch.Tensor | None = None
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if not isinstance(loss, torch.Tensor):
+            return
+        step = trainer.global_step  # already incremented for this batch's optimizer step
+        bad = ~torch.isfinite(loss.detach()).all()
+        if self._first_bad is None or self._first_bad.device != loss.device:
+            self._first_bad = torch.full((), -1, dtype=torch.long, device=loss.device)
+        unset = self._first_bad < 0
+        self._first_bad = torch.where(bad & unset, torch.full_like(self._first_bad, step), self._first_bad)
+        if step % self.check_every_n_steps == 0:
+            self._check(trainer)
+
+    def _check(self, trainer: L.Trainer) -> None:
+        if self._first_bad is None:
+            return
+        first = int(self._first_bad.item())
+        if first >= 0:
+            raise NonFiniteLossError(
+                f"the training loss became NaN or infinite at step {first} (epoch {trainer.current_epoch}); "
+                "training stopped, the MLflow run is marked FAILED and the last good checkpoint is kept. "
+                "Lower the learning rate, check the data, or enable gradient clipping "
+                "(--trainer.gradient_clip_val)"
+            )
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check(trainer)
+
+
+class InterruptCheckpoint(Callback):
+    """On Ctrl-C: write ``interrupted.ckpt`` into ``dirpath`` and mark the MLflow run KILLED.
+
+    ``last.ckpt`` stays the last epoch-end checkpoint, so ``--ckpt_path last`` resumes exactly (mid-epoch
+    state of the data order is not saved); ``interrupted.ckpt`` keeps the weights at the interruption.
+    """
+
+    def __init__(self, dirpath: str | None = None) -> None:
+        self.dirpath = dirpath
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, KeyboardInterrupt):
+            return
+        for logger in trainer.loggers:
+            if isinstance(logger, PaperlabMLFlowLogger):
+                logger.interrupted = True
+        if self.dirpath and trainer.state.fn == "fit":
+            trainer.save_checkpoint(str(Path(self.dirpath) / "interrupted.ckpt"))

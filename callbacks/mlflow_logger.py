@@ -1,0 +1,164 @@
+"""paperlab's MLflow logger: explicit tracking URI, immutable-param-safe hyperparameters, run status.
+
+Differences from Lightning's ``MLFlowLogger`` and why:
+- the tracking URI is read when the logger is built (``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``);
+  Lightning's default falls back to ``file:./mlruns``, which MLflow 3 refuses;
+- hyperparameters are never cut at 250 characters (MLflow accepts 6000; a longer value is logged with an
+  explicit marker and lives in full in the ``config/config.yaml`` artifact), ``_instantiator`` and
+  ``_class_path`` noise is dropped, and a param that already exists in the run (a resume) is not sent
+  again: if its value changed, the new value goes to a ``param_changed.<key>`` tag instead of crashing;
+- an interrupted run (Ctrl-C) ends as KILLED rather than FAILED.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from argparse import Namespace
+from typing import Any
+
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+MAX_PARAM_LENGTH = 6000
+DROPPED_PARAM_KEYS = ("_instantiator", "_class_path")
+
+
+class TrackingServerUnreachable(RuntimeError):
+    """The tracking URI names an HTTP server that does not answer."""
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
+    """Fail fast with one clear message when an HTTP tracking server does not answer.
+
+    MLflow's client retries for minutes before giving up; a researcher wants to know at once.
+    """
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
+            if resp.status < 500:
+                return
+            reason = f"HTTP {resp.status}"
+    except urllib.error.HTTPError as err:
+        if err.code < 500:
+            return
+        reason = f"HTTP {err.code}"
+    except (urllib.error.URLError, OSError) as err:
+        reason = str(getattr(err, "reason", err))
+    raise TrackingServerUnreachable(
+        f"the MLflow tracking server at {uri} does not answer ({reason}). Start it, fix MLFLOW_TRACKING_URI, "
+        f"or unset MLFLOW_TRACKING_URI to log to the local {DEFAULT_TRACKING_URI}"
+    )
+
+
+def flatten_params(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested dicts/lists to ``{"a.b.0": "value"}`` strings, dropping Lightning's internal keys."""
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        if key in DROPPED_PARAM_KEYS:
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, Namespace):
+            value = vars(value)
+        if isinstance(value, dict) and value:
+            out.update(flatten_params(value, f"{name}."))
+        else:
+            out[name] = str(value)
+    return out
+
+
+def fit_param_value(value: str) -> str:
+    if len(value) <= MAX_PARAM_LENGTH:
+        return value
+    marker = "...[cut: full value in the config/config.yaml artifact]"
+    return value[: MAX_PARAM_LENGTH - len(marker)] + marker
+
+
+class PaperlabMLFlowLogger(MLFlowLogger):
+    """``MLFlowLogger`` with paperlab's defaults (see the module docstring).
+
+    Args:
+        experiment_name: the MLflow experiment (paperlab: the method's name).
+        run_name: the run's name (paperlab: the experiment config's stem).
+        tracking_uri: defaults to ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``.
+        tags: tags set when the run is created.
+        run_id: continue this run instead of creating one (resume, test of a trained checkpoint).
+    """
+
+    def __init__(
+        self,
+        experiment_name: str = "paperlab",
+        run_name: str | None = None,
+        tracking_uri: str | None = None,
+        tags: dict[str, Any] | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            experiment_name=experiment_name,
+            run_name=run_name,
+            tracking_uri=tracking_uri or globals()["tracking_uri"](),
+            tags=tags,
+            run_id=run_id,
+            log_model=False,
+        )
+        self.interrupted = False
+        self.params_from_config = False
+        self._existing_params: dict[str, str] | None = None
+
+    def existing_params(self) -> dict[str, str]:
+        if self._existing_params is None:
+            self._existing_params = dict(self.experiment.get_run(self.run_id).data.params)
+        return self._existing_params
+
+    @rank_zero_only
+    def log_params_dict(self, params: dict[str, Any]) -> None:
+        """Log flattened params; skip ones the run has with the same value, tag the ones that changed."""
+        from mlflow.entities import Param, RunTag
+
+        existing = self.existing_params()
+        new_params, changed = [], []
+        for key, value in flatten_params(params).items():
+            value = fit_param_value(value)
+            if key not in existing:
+                new_params.append(Param(key, value))
+                existing[key] = value
+            elif existing[key] != value:
+                changed.append(RunTag(f"param_changed.{key}", value[:5000]))
+        for i in range(0, len(new_params), 100):
+            self.experiment.log_batch(self.run_id, params=new_params[i : i + 100])
+        if changed:
+            rank_zero_warn(
+                f"{len(changed)} hyperparameter(s) differ from the values this MLflow run was started with "
+                f"({', '.join(t.key.removeprefix('param_changed.') for t in changed[:5])}); MLflow params are "
+                "immutable, so the new values are recorded as 'param_changed.*' tags"
+            )
+            self.experiment.log_batch(self.run_id, tags=changed)
+
+    @rank_zero_only
+    def log_hyperparams(self, params: dict[str, Any] | Namespace) -> None:
+        # Under the CLI the whole resolved config is logged first (ConfigArtifact), which already holds
+        # every model and data hyperparameter under its config key; logging them again would duplicate them.
+        if self.params_from_config:
+            return
+        if isinstance(params, Namespace):
+            params = vars(params)
+        self.log_params_dict(dict(params))
+
+    @rank_zero_only
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        self.experiment.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        if self.interrupted and status == "failed":
+            status = "KILLED"
+        super().finalize(status)

@@ -1,0 +1,141 @@
+"""Procedural reasoning task for BVPO (paper 000-14): three digits in, their sum mod 10 out, with traces.
+
+Prompt x = (a, b, c), digits; answer y* = (a + b + c) mod 10; all 1000 prompts, split 800 / 100 / 100
+(train / val / test, seeded). Vocabulary (18 tokens): digits 0-9, BOS, THINK, END_THINK, three pair
+tokens P_ab, P_ac, P_bc, EOS, PAD. Sequences:
+  thinking     BOS a b c THINK P s1 END_THINK y EOS       (trace r = (P, s1): 3 x 10 = 30 traces)
+  no thinking  BOS a b c THINK END_THINK y EOS            (empty trace, as chat templates do with
+                                                           thinking disabled)
+Teacher (the SFT data, one fresh draw per training row): with prob. ``p_think`` a thinking sequence with
+P uniform, s1 = the chosen pair's sum mod 10 with prob. ``trace_acc`` else a uniformly wrong digit (a
+slip), y = (s1 + remaining digit) mod 10 (slips give wrong answers); otherwise a no-thinking sequence
+whose y is correct with prob. ``nothink_acc`` else uniformly wrong. Traces are genuinely random and
+reasoning genuinely helps (0.8 vs 0.6 by default).
+
+Each row is ``(prompt (3,), y_star, teacher_seq (10,), y_minus, row_id)``: DPO pairs are (x, y+ = y*,
+y- = a uniformly wrong digit drawn per row); ``row_id`` keys the model's trace sampling so that it is a
+pure function of (step, row). Training rows repeat every train prompt ``copies`` times with fresh
+teacher draws and fresh y-.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from datamodules.base import TensorDataModule, seeded_split
+
+N_DIGITS = 10
+BOS, THINK, END_THINK, P_AB, P_AC, P_BC, EOS, PAD = range(10, 18)
+VOCAB_SIZE = 18
+SEQ_LEN = 10
+#: operand pairs (i, j) of each pair token and the remaining operand k
+PAIRS = ((0, 1, 2), (0, 2, 1), (1, 2, 0))
+N_TRACES = 3 * N_DIGITS
+
+
+def all_prompts() -> Tensor:
+    """The 1000 prompts (a, b, c), prompt id = 100 a + 10 b + c."""
+    ids = torch.arange(1000)
+    return torch.stack([ids // 100, (ids // 10) % 10, ids % 10], 1)
+
+
+def prompt_ids(prompts: Tensor) -> Tensor:
+    return prompts[:, 0] * 100 + prompts[:, 1] * 10 + prompts[:, 2]
+
+
+def answers(prompts: Tensor) -> Tensor:
+    return prompts.sum(1) % N_DIGITS
+
+
+def thinking_seqs(prompts: Tensor, pair: Tensor, s1: Tensor, y: Tensor) -> Tensor:
+    """``(N, 10)`` thinking sequences for pair index ``pair`` in 0..2, partial sum ``s1``, answer ``y``."""
+    n = prompts.shape[0]
+    col = lambda v: torch.full((n, 1), v, dtype=torch.long)  # noqa: E731
+    return torch.cat([col(BOS), prompts, col(THINK), (P_AB + pair)[:, None], s1[:, None], col(END_THINK),
+                      y[:, None], col(EOS)], 1)
+
+
+def nothink_seqs(prompts: Tensor, y: Tensor) -> Tensor:
+    """``(N, 10)`` no-thinking sequences (padded with PAD after EOS)."""
+    n = prompts.shape[0]
+    col = lambda v: torch.full((n, 1), v, dtype=torch.long)  # noqa: E731
+    tail = [col(THINK), col(END_THINK), y[:, None], col(EOS), col(PAD), col(PAD)]
+    return torch.cat([col(BOS), prompts, *tail], 1)
+
+
+def wrong_digit(y: Tensor, gen: torch.Generator) -> Tensor:
+    """A uniformly drawn digit different from ``y``."""
+    return (y + torch.randint(1, N_DIGITS, y.shape, generator=gen)) % N_DIGITS
+
+
+def teacher_sequences(prompts: Tensor, gen: torch.Generator, p_think: float = 0.5, trace_acc: float = 0.8,
+                      nothink_acc: float = 0.6) -> Tensor:
+    """One teacher draw per prompt (see the module docstring)."""
+    n = prompts.shape[0]
+    pair = torch.randint(0, 3, (n,), generator=gen)
+    idx = torch.tensor(PAIRS)[pair]  # (n, 3): i, j, k
+    pick = lambda col: prompts.gather(1, idx[:, col : col + 1]).squeeze(1)  # noqa: E731
+    s1_true = (pick(0) + pick(1)) % N_DIGITS
+    slip = torch.rand(n, generator=gen) >= trace_acc
+    s1 = torch.where(slip, wrong_digit(s1_true, gen), s1_true)
+    think = thinking_seqs(prompts, pair, s1, (s1 + pick(2)) % N_DIGITS)
+    y_star = answers(prompts)
+    miss = torch.rand(n, generator=gen) >= nothink_acc
+    plain = nothink_seqs(prompts, torch.where(miss, wrong_digit(y_star, gen), y_star))
+    use_think = torch.rand(n, generator=gen) < p_think
+    return torch.where(use_think[:, None], think, plain)
+
+
+class ArithTracesDataModule(TensorDataModule):
+    """Prompts, answers, teacher reasoning traces and preference pairs (see the module docstring).
+
+    Args:
+        batch_size: global training batch size (rows = prompt + teacher sequence + preference pair).
+        eval_batch_size: batch size of validation and test (held-out prompts).
+        seed: seed of the split, the teacher draws, the rejected answers and the shuffling.
+        copies: training rows per train prompt (fresh teacher draw and y- each).
+        p_think: teacher's probability of a thinking sequence.
+        trace_acc: probability that the teacher's partial sum s1 is right (a slip makes y wrong).
+        nothink_acc: probability that the teacher's no-thinking answer is right.
+    """
+
+    dataset_name = "arith_traces"
+
+    def __init__(
+        self,
+        batch_size: int = 64,
+        eval_batch_size: int | None = 100,
+        seed: int = 0,
+        copies: int = 8,
+        p_think: float = 0.5,
+        trace_acc: float = 0.8,
+        nothink_acc: float = 0.6,
+    ) -> None:
+        super().__init__(batch_size, eval_batch_size, seed)
+        if copies < 1:
+            raise ValueError(f"copies must be >= 1, got {copies}")
+        for name, p in (("p_think", p_think), ("trace_acc", trace_acc), ("nothink_acc", nothink_acc)):
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} is a probability in [0, 1], got {p}")
+        self.copies = copies
+        self.p_think, self.trace_acc, self.nothink_acc = p_think, trace_acc, nothink_acc
+
+    def build_splits(self) -> dict[str, tuple[Tensor, ...]]:
+        gen = torch.Generator().manual_seed(self.seed)
+        train_idx, val_idx, test_idx = seeded_split(1000, [800, 100, 100], self.seed)
+        prompts = all_prompts()
+        out, offset = {}, 0
+        parts = (("train", train_idx, self.copies), ("val", val_idx, 1), ("test", test_idx, 1))
+        for name, idx, reps in parts:
+            p = prompts[idx.sort().values].repeat(reps, 1)
+            y = answers(p)
+            seq = teacher_sequences(p, gen, self.p_think, self.trace_acc, self.nothink_acc)
+            rows = torch.arange(offset, offset + p.shape[0])
+            offset += p.shape[0]
+            out[name] = (p, y, seq, wrong_digit(y, gen), rows)
+        return out
+
+    @property
+    def num_classes(self) -> int:
+        return N_DIGITS

@@ -1,0 +1,177 @@
+"""paperlab's command line: ``python main.py {fit,validate,test,predict} --config configs/<method>/<x>.yaml``.
+
+LightningCLI in subclass mode for the model and the data, plus the project defaults nobody should have to
+type: the MLflow logger (experiment = method, run = config stem, tags), the resolved config as an artifact,
+checkpoints tied to the run (``--ckpt_path last`` resumes into the same run), ``<monitor>_best``, a NaN/inf
+guard and Ctrl-C handling. ``sweep`` and ``compare`` are handed to ``sweeps``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
+
+from callbacks.best_metric import BestMetric
+from callbacks.config_artifact import ConfigArtifact, method_name
+from callbacks.guards import FiniteLossGuard, InterruptCheckpoint
+from callbacks.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, tracking_uri
+from callbacks.predictions import PredictionWriter
+from callbacks.run_registry import RunRegistry, archive_previous, resolve_checkpoint, run_id_for_checkpoint
+from callbacks.system_metrics import SystemMetrics
+
+
+def config_stem(config_files: Any) -> str:
+    """Run name from the experiment config: the last ``--config`` that is not a trainer preset."""
+    stems = [Path(str(p)).stem for p in (config_files or []) if Path(str(p)).parent.name != "trainer"]
+    return stems[-1] if stems else "default"
+
+
+class PaperlabCLI(LightningCLI):
+    """LightningCLI with paperlab's defaults (see the module docstring)."""
+
+    def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
+        super().__init__(
+            model_class=L.LightningModule,
+            datamodule_class=L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_callback=ConfigArtifact,
+            save_config_kwargs={"save_to_log_dir": False},
+            args=args,
+            run=run,
+        )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--run.name", type=str | None, default=None,
+                            help="MLflow run name and checkpoint folder (default: the experiment config's stem)")
+        parser.add_argument("--run.experiment", type=str | None, default=None,
+                            help="MLflow experiment (default: the method, i.e. the module's file name)")
+        parser.add_argument("--run.checkpoint_root", type=str, default="checkpoints",
+                            help="checkpoints go to <checkpoint_root>/<experiment>/<run name>/")
+        parser.add_argument("--run.parent_run_id", type=str | None, default=None,
+                            help="make this run a child of that MLflow run (sweeps)")
+        parser.add_argument("--run.tags", type=dict[str, str], default={}, help="extra MLflow tags")
+        parser.add_argument("--run.system_metrics", type=bool, default=False,
+                            help="log CPU/memory/GPU usage to MLflow while fitting")
+        parser.add_argument("--run.num_threads", type=int | None, default=None,
+                            help="torch intra-op CPU threads (1 is fastest for tiny models; default: torch's)")
+        parser.set_defaults({"trainer.enable_progress_bar": not os.environ.get("CI")})
+
+    # The names and folders every project default hangs off.
+    def _run_settings(self) -> tuple[str, str, Path]:
+        run = self._get(self.config, "run")
+        experiment = run.experiment or method_name(type(self.model))
+        name = run.name or config_stem(self._get(self.config, "config"))
+        return experiment, name, Path(run.checkpoint_root) / experiment / name
+
+    def before_instantiate_classes(self) -> None:
+        threads = self._get(self.config, "run").num_threads
+        if threads is not None:
+            if threads <= 0:
+                raise ValueError(f"--run.num_threads must be positive, got {threads}")
+            torch.set_num_threads(threads)
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> L.Trainer:
+        experiment, name, ckpt_dir = self._run_settings()
+        subcommand = self.subcommand or "fit"
+        ckpt_arg = self._get(self.config, "ckpt_path") if self.subcommand else None
+        self.resolved_ckpt_path = resolve_checkpoint(ckpt_arg, ckpt_dir)
+        if subcommand == "fit" and self.resolved_ckpt_path is None and rank_zero_only.rank == 0:
+            archive_previous(ckpt_dir)
+
+        config = dict(config)
+        if config.get("logger") in (None, True):
+            config["logger"] = self._make_logger(experiment, name)
+        callbacks = list(callbacks) + self._project_callbacks(config, ckpt_dir, subcommand)
+        return super()._instantiate_trainer(config, callbacks)
+
+    def _make_logger(self, experiment: str, name: str) -> PaperlabMLFlowLogger:
+        uri = tracking_uri()
+        check_tracking_server(uri)
+        run = self._get(self.config, "run")
+        tags = dict(run.tags or {})
+        if run.parent_run_id:
+            tags["mlflow.parentRunId"] = run.parent_run_id
+        run_id = run_id_for_checkpoint(Path(self.resolved_ckpt_path), uri) if self.resolved_ckpt_path else None
+        return PaperlabMLFlowLogger(experiment_name=experiment, run_name=name, tracking_uri=uri, tags=tags,
+                                    run_id=run_id)
+
+    def _project_callbacks(self, config: dict[str, Any], ckpt_dir: Path, subcommand: str) -> list[Callback]:
+        user = list(config.get("callbacks") or [])
+        monitor = getattr(self.model, "monitor", None)
+        mode = getattr(self.model, "monitor_mode", "max")
+        out: list[Callback] = [RunRegistry(str(ckpt_dir)), InterruptCheckpoint(str(ckpt_dir))]
+        if not any(isinstance(c, FiniteLossGuard) for c in user):
+            out.append(FiniteLossGuard())
+        if config.get("enable_checkpointing", True) is not False and not any(
+            isinstance(c, ModelCheckpoint) for c in user
+        ):
+            out.append(ModelCheckpoint(
+                dirpath=str(ckpt_dir), filename="best-epoch{epoch:03d}", auto_insert_metric_name=False,
+                monitor=monitor, mode=mode, save_top_k=1, save_last=True,
+            ))
+        if monitor and not any(isinstance(c, BestMetric) for c in user):
+            out.append(BestMetric(monitor=monitor, mode=mode))
+        if self._get(self.config, "run").system_metrics:
+            out.append(SystemMetrics())
+        if subcommand == "predict":
+            out.append(PredictionWriter(str(ckpt_dir)))
+        return out
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if "ckpt_path" in kwargs:
+            kwargs["ckpt_path"] = self.resolved_ckpt_path
+        return kwargs
+
+
+# Errors a user can fix from the command line: one line and a non-zero exit, never a library traceback.
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from callbacks.guards import NonFiniteLossError
+    from callbacks.mlflow_logger import TrackingServerUnreachable
+    from callbacks.run_registry import CheckpointNotFound
+    from datamodules.hub import HubDataUnavailable
+
+    return (ValueError, NonFiniteLossError, TrackingServerUnreachable, CheckpointNotFound, HubDataUnavailable)
+
+
+def _fail_open_runs() -> None:
+    """A run that an error left RUNNING (an error outside the trainer's own handling) is marked FAILED."""
+    import mlflow
+
+    run = mlflow.active_run()
+    if run is not None:
+        mlflow.end_run("FAILED")
+
+
+def cli_main(args: list[str] | None = None) -> int:
+    """Run the CLI on ``args`` (default: ``sys.argv[1:]``); return the exit code."""
+    argv = list(sys.argv[1:] if args is None else args)
+    if argv and argv[0] in ("sweep", "compare"):
+        from sweeps.cli import main as sweeps_main
+
+        return sweeps_main(argv)
+    try:
+        PaperlabCLI(args=argv)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except _user_errors() as err:
+        _fail_open_runs()
+        if os.environ.get("PAPERLAB_TRACEBACK"):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        print("(set PAPERLAB_TRACEBACK=1 for the full traceback)", file=sys.stderr)
+        return 2 if isinstance(err, ValueError) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())

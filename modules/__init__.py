@@ -1,0 +1,1 @@
+"""One LightningModule per method; shared building blocks live in ``modules.components``."""

@@ -1,0 +1,363 @@
+"""BVPO (paper 000-14): mix a trace-based DPO gradient with an empty-trace DPO gradient, weight alpha.
+
+A reasoning policy pi(r, y | x) emits a trace r, then an answer y. For a preference pair (x, y+, y-)
+with reference policy pi_ref (the SFT model, frozen):
+  trace-based DPO   l_t = -log sigma(beta [log pi(r+, y+|x)/pi_ref(r+, y+|x)
+                                           - log pi(r-, y-|x)/pi_ref(r-, y-|x)])
+                    with one trace per side drawn from pi_ref(r | x, y+-)  (noisy: g_t has variance V_t)
+  empty-trace DPO   l_e = the same with r = empty (thinking disabled)     (no trace noise, biased)
+  marginal DPO      l_m = the same with pi(y|x) = sum_r pi(r, y|x)         (the ideal objective; exact here)
+  BVPO              L = alpha l_t + (1 - alpha) l_e,  so g_c = alpha g_t + (1 - alpha) g_e and, with the
+                    empty branch deterministic given (x, y+-), Var(g_c | x, y+-) = alpha^2 V_t.
+With d_t = E[g_t] - g*, d_e = g_e - g* (g* = grad l_m),
+MSE(alpha) = alpha^2 V_t + |alpha d_t + (1-alpha) d_e|^2 is minimised at
+alpha* = <d_e, d_e - d_t> / (V_t + |d_t - d_e|^2), clipped to [0, 1] (our derivation of the paper's
+closed form). ``alpha="auto"`` follows an EMA of alpha* measured every ``probe_every`` steps.
+
+Two stages in one run (one optimizer, one MLflow run): steps < ``sft_steps`` are SFT on the teacher's
+sequences (restricted-softmax NLL at the trace and answer positions); at step ``sft_steps`` the policy is
+frozen into the reference (its exact log-probabilities over all 30 traces x 10 answers of all 1000
+prompts become buffers, so the reference is in the checkpoint), the optimizer state is reset and the lr
+becomes ``dpo_lr``; the remaining steps are BVPO. ``init_ckpt`` starts from a saved policy instead (the
+comparison script runs SFT once and every DPO arm from it). alpha = 1 is trace-only DPO, alpha = 0
+empty-only DPO: the baselines are this module.
+
+Decoding is constrained (softmax restricted to the pair tokens at P, to digits at s1 and y), so the trace
+space is exactly 30 traces and pi(y|x) is computed by enumeration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from datamodules.arith_traces import (
+    END_THINK,
+    N_DIGITS,
+    N_TRACES,
+    P_AB,
+    SEQ_LEN,
+    VOCAB_SIZE,
+    all_prompts,
+    nothink_seqs,
+    prompt_ids,
+    thinking_seqs,
+)
+from modules.components.tiny_gpt import TinyGPT
+
+BRANCHES = ("composite", "trace", "empty", "marginal")
+_M64 = (1 << 64) - 1
+
+
+def _signed(c: int) -> int:
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+def hash_uniform(key: Tensor) -> Tensor:
+    """Counter-based uniforms in (0, 1) (splitmix64 of ``key``): a pure function of the key."""
+    z = key + _signed(0x9E3779B97F4A7C15)
+    z = (z ^ ((z >> 30) & (_M64 >> 30))) * _signed(0xBF58476D1CE4E5B9)
+    z = (z ^ ((z >> 27) & (_M64 >> 27))) * _signed(0x94D049BB133111EB)
+    z = z ^ ((z >> 31) & (_M64 >> 31))
+    return (((z >> 11) & ((1 << 53) - 1)).double() + 0.5) / float(1 << 53)
+
+
+def think_logp(logits: Tensor, seqs: Tensor) -> Tensor:
+    """log pi(r, y | x) of thinking ``seqs`` (N, 10) from ``logits`` (N, 9, V) of ``seqs[:, :-1]``."""
+    pair = (seqs[:, 5] - P_AB).clamp(0, 2)
+    lp = logits[:, 4, P_AB : P_AB + 3].log_softmax(-1).gather(1, pair[:, None])
+    lp = lp + logits[:, 5, :N_DIGITS].log_softmax(-1).gather(1, seqs[:, 6, None].clamp(0, 9))
+    lp = lp + logits[:, 7, :N_DIGITS].log_softmax(-1).gather(1, seqs[:, 8, None].clamp(0, 9))
+    return lp.squeeze(1)
+
+
+def nothink_logp(logits: Tensor, seqs: Tensor) -> Tensor:
+    """log pi(y | x, empty trace) of no-thinking ``seqs``."""
+    return logits[:, 5, :N_DIGITS].log_softmax(-1).gather(1, seqs[:, 6, None].clamp(0, 9)).squeeze(1)
+
+
+class BVPOModule(L.LightningModule):
+    """SFT then BVPO on the tiny GPT for the arithmetic-trace task (see the module docstring).
+
+    Args:
+        n_layer, n_head, n_embd, dropout: the tiny GPT policy (block size 10, vocabulary 18).
+        sft_steps: optimizer steps of SFT before the reference is frozen and DPO starts.
+        sft_lr: AdamW learning rate of the SFT stage.
+        dpo_lr: AdamW learning rate of the DPO stage.
+        beta: DPO inverse temperature beta.
+        alpha: mixing weight alpha of the trace branch in [0, 1] (1: trace-only DPO, 0: empty-only DPO), or
+            "auto" for the EMA of the measured MSE-optimal alpha*.
+        probe_every: DPO steps between bias/variance probes (0: never; "auto" needs it > 0).
+        probe_prompts: pairs of the current batch used by the probe.
+        trace_resamples: K, trace draws per pair in the probe (V_t and E[g_t] from K draws).
+        alpha_ema: EMA factor of alpha* for ``alpha="auto"``.
+        init_ckpt: policy weights to start from (a ``.ckpt`` of this module or a TinyGPT state dict).
+        seed: seed of the trace draws (mixed with the step and the row id of each pair).
+    """
+
+    paper_id = "000-14"
+    monitor = "val/em_marginal"
+    monitor_mode = "max"
+
+    def __init__(
+        self,
+        n_layer: int = 3,
+        n_head: int = 3,
+        n_embd: int = 48,
+        dropout: float = 0.0,
+        sft_steps: int = 1500,
+        sft_lr: float = 3e-3,
+        dpo_lr: float = 3e-4,
+        beta: float = 0.1,
+        alpha: float | str = 0.5,
+        probe_every: int = 50,
+        probe_prompts: int = 16,
+        trace_resamples: int = 8,
+        alpha_ema: float = 0.9,
+        init_ckpt: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if isinstance(alpha, str):
+            if alpha != "auto":
+                raise ValueError(f"alpha must be a number in [0, 1] or 'auto', got {alpha!r}")
+            if probe_every <= 0:
+                raise ValueError("alpha='auto' estimates alpha* in the probe: set probe_every > 0")
+        elif not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1] (1 = trace-only DPO, 0 = empty-only), got {alpha}")
+        if sft_steps < 0 or beta <= 0 or trace_resamples < 2 or probe_prompts < 1:
+            raise ValueError("need sft_steps >= 0, beta > 0, trace_resamples >= 2 and probe_prompts >= 1")
+        if sft_steps == 0 and init_ckpt is None:
+            raise ValueError("sft_steps=0 needs init_ckpt (an SFT policy): DPO from a random policy is pointless")
+        self.gpt = TinyGPT(VOCAB_SIZE, SEQ_LEN, n_layer, n_head, n_embd, "gelu", 4, dropout, False, True)
+        if init_ckpt is not None:
+            self._load_policy(init_ckpt)
+        # the frozen reference as exact tables over all prompts: log pi_ref(r, y|x), log pi_ref(y|x, empty)
+        self.register_buffer("ref_joint", torch.zeros(1000, N_TRACES, N_DIGITS))
+        self.register_buffer("ref_nothink", torch.zeros(1000, N_DIGITS))
+        self.register_buffer("ref_ready", torch.tensor(False))
+        self.register_buffer("alpha_est", torch.tensor(0.5 if alpha == "auto" else float(alpha)))
+        self.register_buffer("alpha_probed", torch.tensor(False))
+        names = ("em_marginal", "em_think", "em_nothink")
+        self.acc = nn.ModuleDict({f"{s}_{n}": MulticlassAccuracy(N_DIGITS, average="micro")
+                                  for s in ("val", "test") for n in names})
+        means = ("pref_acc", "pref_acc_nothink", "dpo_loss_marginal")
+        self.means = nn.ModuleDict({f"{s}_{n}": MeanMetric() for s in ("val", "test") for n in means})
+        self.train_loss = MeanMetric()
+
+    def _load_policy(self, path: str) -> None:
+        if not Path(path).is_file():
+            raise ValueError(f"init_ckpt {path!r} does not exist; run the SFT stage first (see bvpo.md)")
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if "state_dict" in state:
+            state = {k[4:]: v for k, v in state["state_dict"].items() if k.startswith("gpt.")}
+        self.gpt.load_state_dict(state)
+
+    # --- the policy's log-probabilities ---------------------------------------------------------------------
+    @property
+    def alpha(self) -> float:
+        return float(self.alpha_est)
+
+    @property
+    def in_dpo(self) -> bool:
+        return bool(self.ref_ready)
+
+    def logits(self, seqs: Tensor) -> Tensor:
+        return self.gpt(seqs[:, :-1])
+
+    def enumerate_traces(self, prompts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """log pi(r, y|x) (N, 30, 10), log pi(P|x) (N, 3), log pi(s1|x, P) (N, 3, 10); r = 10 P + s1."""
+        n = prompts.shape[0]
+        r = torch.arange(N_TRACES, device=prompts.device).repeat(n)
+        seqs = thinking_seqs(prompts.repeat_interleave(N_TRACES, 0).cpu(), (r // 10).cpu(), (r % 10).cpu(),
+                             torch.zeros_like(r).cpu()).to(prompts.device)
+        lg = self.logits(seqs)
+        lp_pair = lg[:, 4, P_AB : P_AB + 3].log_softmax(-1)
+        lp_s1 = lg[:, 5, :N_DIGITS].log_softmax(-1)
+        lp_r = lp_pair.gather(1, (r // 10)[:, None]) + lp_s1.gather(1, (r % 10)[:, None])
+        joint = (lp_r + lg[:, 7, :N_DIGITS].log_softmax(-1)).reshape(n, N_TRACES, N_DIGITS)
+        return joint, lp_pair.reshape(n, N_TRACES, 3)[:, 0], lp_s1.reshape(n, 3, 10, N_DIGITS)[:, :, 0]
+
+    def nothink_all(self, prompts: Tensor) -> Tensor:
+        """log pi(y | x, empty trace) for all answers, (N, 10)."""
+        seqs = nothink_seqs(prompts.cpu(), torch.zeros(prompts.shape[0], dtype=torch.long)).to(prompts.device)
+        return self.logits(seqs)[:, 5, :N_DIGITS].log_softmax(-1)
+
+    @torch.no_grad()
+    def build_reference(self) -> None:
+        """Freeze the current policy as pi_ref: exact tables over all 1000 prompts."""
+        was = self.training
+        self.eval()
+        prompts = all_prompts().to(self.device)
+        for chunk in torch.arange(1000, device=self.device).split(200):
+            self.ref_joint[chunk] = self.enumerate_traces(prompts[chunk])[0].float()
+            self.ref_nothink[chunk] = self.nothink_all(prompts[chunk]).float()
+        self.ref_ready.fill_(True)
+        self.train(was)
+
+    # --- losses --------------------------------------------------------------------------------------------
+    def sample_traces(self, pid: Tensor, y: Tensor, rows: Tensor, side: int, draw: int = 0) -> Tensor:
+        """r ~ pi_ref(r | x, y) by Gumbel-max with uniforms keyed on (seed, step, draw, side, row)."""
+        step = self.global_step * 4 + side
+        key = ((self.hparams.seed * 1_000_003 + step) * 64 + draw) * 1_000_003 + rows
+        u = hash_uniform(key[:, None] * 32 + torch.arange(N_TRACES, device=rows.device))
+        gumbel = -torch.log(-torch.log(u)).to(self.ref_joint.dtype)
+        return (self.ref_joint[pid, :, y] + gumbel).argmax(-1)
+
+    def sft_losses(self, batch: Any) -> Tensor:
+        """Per-sample NLL of the teacher sequence (summed over its scored tokens)."""
+        seq = batch[2]
+        lg = self.logits(seq)
+        return -torch.where(seq[:, 5] != END_THINK, think_logp(lg, seq), nothink_logp(lg, seq))
+
+    def dpo_losses(self, batch: Any, draw: int = 0) -> dict[str, Tensor]:
+        """Per-sample l_t (one trace per side drawn from pi_ref) and l_e."""
+        prompts, y_pos, _, y_neg, rows = batch
+        pid = prompt_ids(prompts)
+        r_pos = self.sample_traces(pid, y_pos, rows, 0, draw)
+        r_neg = self.sample_traces(pid, y_neg, rows, 1, draw)
+        p, dev = prompts.cpu(), prompts.device
+        seqs = torch.stack([
+            thinking_seqs(p, (r_pos // 10).cpu(), (r_pos % 10).cpu(), y_pos.cpu()),
+            thinking_seqs(p, (r_neg // 10).cpu(), (r_neg % 10).cpu(), y_neg.cpu()),
+            nothink_seqs(p, y_pos.cpu()),
+            nothink_seqs(p, y_neg.cpu()),
+        ], 1).to(dev)  # (B, 4, 10), sample-major rows so that per-sample hooks see B groups
+        b = seqs.shape[0]
+        lg = self.logits(seqs.reshape(4 * b, SEQ_LEN)).reshape(b, 4, SEQ_LEN - 1, -1)
+        beta = self.hparams.beta
+        h_t = (think_logp(lg[:, 0], seqs[:, 0]) - self.ref_joint[pid, r_pos, y_pos]) - (
+            think_logp(lg[:, 1], seqs[:, 1]) - self.ref_joint[pid, r_neg, y_neg])
+        h_e = (nothink_logp(lg[:, 2], seqs[:, 2]) - self.ref_nothink[pid, y_pos]) - (
+            nothink_logp(lg[:, 3], seqs[:, 3]) - self.ref_nothink[pid, y_neg])
+        return {"trace": -F.logsigmoid(beta * h_t), "empty": -F.logsigmoid(beta * h_e)}
+
+    def marginal_margin(self, batch: Any) -> Tensor:
+        """Exact log pi(y+|x)/pi_ref(y+|x) - log pi(y-|x)/pi_ref(y-|x) with pi(y|x) = sum_r pi(r, y|x)."""
+        prompts, y_pos, _, y_neg, _ = batch
+        pid = prompt_ids(prompts)
+        marg = self.enumerate_traces(prompts)[0].logsumexp(1)
+        ref = self.ref_joint[pid].logsumexp(1)
+        idx = torch.arange(prompts.shape[0], device=prompts.device)
+        return (marg[idx, y_pos] - ref[idx, y_pos]) - (marg[idx, y_neg] - ref[idx, y_neg])
+
+    def per_sample_loss(self, batch: Any, branch: str = "composite") -> Tensor:
+        """(B,) per-sample training loss: SFT NLL before the switch, then the BVPO loss of ``branch``.
+
+        This is the ``GradientVariance`` protocol: the training loss is the mean of these.
+        """
+        if not self.in_dpo:
+            return self.sft_losses(batch)
+        if branch == "marginal":
+            return -F.logsigmoid(self.hparams.beta * self.marginal_margin(batch))
+        if branch not in BRANCHES:
+            raise ValueError(f"branch must be one of {BRANCHES}, got {branch!r}")
+        terms = self.dpo_losses(batch)
+        if branch == "composite":
+            return self.alpha * terms["trace"] + (1.0 - self.alpha) * terms["empty"]
+        return terms[branch]
+
+    # --- the bias/variance probe -------------------------------------------------------------------
+    def probe(self, batch: Any) -> dict[str, float]:
+        """V_t, |d_t|^2, |d_e|^2, alpha* and MSE(alpha) on ``probe_prompts`` pairs of ``batch``.
+
+        Gradients are of the mean loss over the probe pairs: g* exact (marginal), g_e exact, g_t from K
+        trace draws; |m_t - g*|^2 overestimates |d_t|^2 by V_t / K, which is subtracted.
+        """
+        k_draws = self.hparams.trace_resamples
+        sub = tuple(t[: self.hparams.probe_prompts] for t in batch)
+        params = [p for p in self.gpt.parameters() if p.requires_grad]
+
+        def flat(loss: Tensor) -> Tensor:
+            return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]).double()
+
+        with torch.enable_grad():
+            g_star = flat(self.per_sample_loss(sub, "marginal").mean())
+            g_e = flat(self.dpo_losses(sub)["empty"].mean())
+            draws = [self.dpo_losses(sub, draw=1 + k)["trace"].mean() for k in range(k_draws)]
+            g_t = torch.stack([flat(loss) for loss in draws])
+        m_t = g_t.mean(0)
+        v_t = (g_t - m_t).pow(2).sum(1).mean() * k_draws / (k_draws - 1)
+        d_e = g_e - g_star
+        dt_minus_de = max((m_t - g_e).pow(2).sum().item() - v_t.item() / k_draws, 0.0)
+        alpha_star = min(max((d_e @ (g_e - m_t)).item() / (v_t.item() + dt_minus_de + 1e-30), 0.0), 1.0)
+
+        def mse(a: float) -> float:
+            bias = (a * (m_t - g_star) + (1 - a) * d_e).pow(2).sum().item() - a * a * v_t.item() / k_draws
+            return a * a * v_t.item() + max(bias, 0.0)
+
+        bias_t_sq = max((m_t - g_star).pow(2).sum().item() - v_t.item() / k_draws, 0.0)
+        out = {"V_t": v_t.item(), "bias_t_sq": bias_t_sq,
+               "bias_e_sq": d_e.pow(2).sum().item(), "alpha_star": alpha_star, "mse_alpha0": mse(0.0),
+               "mse_alpha_half": mse(0.5), "mse_alpha1": mse(1.0), "mse_alpha_star": mse(alpha_star)}
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size > 1:  # one alpha for all ranks
+            mean = trainer.strategy.reduce(torch.tensor(alpha_star, device=self.device), reduce_op="mean")
+            out["alpha_star"] = float(mean)
+        return out
+
+    # --- Lightning ---------------------------------------------------------------------------------
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if not self.in_dpo and self.global_step >= self.hparams.sft_steps:
+            self.build_reference()
+            for opt in self.trainer.optimizers:  # DPO starts from a fresh AdamW at its own lr
+                opt.state.clear()
+                for group in opt.param_groups:
+                    group["lr"] = self.hparams.dpo_lr
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        every = self.hparams.probe_every
+        if self.in_dpo and every > 0 and (self.global_step - self.hparams.sft_steps) % every == 0:
+            stats = self.probe(batch)
+            if self.hparams.alpha == "auto":
+                ema = self.hparams.alpha_ema if bool(self.alpha_probed) else 0.0
+                self.alpha_est.fill_(ema * self.alpha + (1 - ema) * stats["alpha_star"])
+                self.alpha_probed.fill_(True)
+            stats["alpha"] = self.alpha
+            self.log_dict({f"diag/bvpo/{k}": v for k, v in stats.items()}, on_step=True, on_epoch=False)
+        loss = self.per_sample_loss(batch).mean()
+        self.train_loss(loss.detach())
+        self.log("train/loss", self.train_loss, on_step=False, on_epoch=True)
+        return loss
+
+    def _evaluate(self, batch: Any, stage: str) -> None:
+        prompts, y_pos, _, y_neg, _ = batch
+        pid = prompt_ids(prompts)
+        joint, lp_pair, lp_s1 = self.enumerate_traces(prompts)
+        idx = torch.arange(prompts.shape[0], device=prompts.device)
+        pair = lp_pair.argmax(-1)
+        s1 = lp_s1[idx, pair].argmax(-1)
+        greedy = joint[idx, pair * 10 + s1].argmax(-1)
+        nothink = self.nothink_all(prompts)
+        for name, pred in (("em_marginal", joint.logsumexp(1).argmax(-1)), ("em_think", greedy),
+                           ("em_nothink", nothink.argmax(-1))):
+            self.acc[f"{stage}_{name}"](pred, y_pos)
+        marg = joint.logsumexp(1)
+        ref = self.ref_joint[pid].logsumexp(1) if self.in_dpo else marg
+        ref_n = self.ref_nothink[pid] if self.in_dpo else nothink
+        margin = (marg[idx, y_pos] - ref[idx, y_pos]) - (marg[idx, y_neg] - ref[idx, y_neg])
+        margin_n = (nothink[idx, y_pos] - ref_n[idx, y_pos]) - (nothink[idx, y_neg] - ref_n[idx, y_neg])
+        self.means[f"{stage}_pref_acc"]((margin > 0).float())
+        self.means[f"{stage}_pref_acc_nothink"]((margin_n > 0).float())
+        self.means[f"{stage}_dpo_loss_marginal"](-F.logsigmoid(self.hparams.beta * margin))
+        for key, metric in list(self.acc.items()) + list(self.means.items()):
+            if key.startswith(stage + "_"):
+                self.log(f"{stage}/{key[len(stage) + 1:]}", metric, on_step=False, on_epoch=True)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        lr = self.hparams.sft_lr if self.hparams.sft_steps > 0 else self.hparams.dpo_lr
+        return torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.0)

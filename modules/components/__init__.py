@@ -1,0 +1,1 @@
+"""Building blocks several methods share. A method never imports another method: both import from here."""

@@ -1,0 +1,92 @@
+"""Activation functions selectable by name from a config.
+
+Besides the standard ones, the squared activations of paper 000-09 (Bug or Feature²):
+``relu2(x) = relu(x)^2``, ``gelu2(x) = gelu(x)^2`` and their clipped variants ``min(phi(x)^2, c)``
+(c = 50 in the authors' code). Clipping is on the squared output, and the gradient is zero where the clip
+is active, which is what ``torch.clamp`` gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+DEFAULT_CLIP = 50.0
+
+
+class ReLU2(nn.Module):
+    """``relu(x)^2``, clipped at ``clip`` when ``clip`` is not None: ``min(relu(x)^2, clip)``."""
+
+    def __init__(self, clip: float | None = None) -> None:
+        super().__init__()
+        if clip is not None and clip <= 0:
+            raise ValueError(f"clip must be positive, got {clip}")
+        self.clip = clip
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.relu(x).square()
+        return y if self.clip is None else torch.clamp(y, max=self.clip)
+
+    def extra_repr(self) -> str:
+        return f"clip={self.clip}"
+
+
+class GELU2(nn.Module):
+    """``gelu(x)^2`` (exact erf GELU), clipped at ``clip`` when ``clip`` is not None."""
+
+    def __init__(self, clip: float | None = None) -> None:
+        super().__init__()
+        if clip is not None and clip <= 0:
+            raise ValueError(f"clip must be positive, got {clip}")
+        self.clip = clip
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.gelu(x).square()
+        return y if self.clip is None else torch.clamp(y, max=self.clip)
+
+    def extra_repr(self) -> str:
+        return f"clip={self.clip}"
+
+
+_REGISTRY: dict[str, Callable[..., nn.Module]] = {
+    "relu": lambda: nn.ReLU(),
+    "gelu": lambda: nn.GELU(),
+    "silu": lambda: nn.SiLU(),
+    "tanh": lambda: nn.Tanh(),
+    "identity": lambda: nn.Identity(),
+    "relu2": lambda: ReLU2(None),
+    "relu2_clip": lambda clip=DEFAULT_CLIP: ReLU2(clip),
+    "gelu2": lambda: GELU2(None),
+    "gelu2_clip": lambda clip=DEFAULT_CLIP: GELU2(clip),
+}
+
+# phi(z) has positive mean under z ~ N(0, 1): the layers reading these drift negative (paper 000-09).
+POSITIVELY_BIASED = frozenset({"relu", "gelu", "silu", "relu2", "relu2_clip", "gelu2", "gelu2_clip"})
+
+
+def activation_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_activation(name: str, clip: float | None = None) -> nn.Module:
+    """A fresh activation module by name (see ``activation_names()``).
+
+    ``clip`` sets the clip value of ``relu2_clip`` / ``gelu2_clip`` (default 50); other names reject it.
+    """
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown activation {name!r}; choose one of {activation_names()}") from None
+    if clip is None:
+        return factory()
+    if not name.endswith("_clip"):
+        raise ValueError(f"clip={clip} only applies to relu2_clip / gelu2_clip, not {name!r}")
+    return factory(clip)
+
+
+def is_positively_biased(module: nn.Module) -> bool:
+    """Whether ``module`` is an activation with E[phi(z)] > 0 for symmetric z (relu, gelu, silu, squares)."""
+    return isinstance(module, nn.ReLU | nn.GELU | nn.SiLU | ReLU2 | GELU2)

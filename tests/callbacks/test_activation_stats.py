@@ -1,0 +1,145 @@
+"""ActivationStats: sparsity / max / spike ratio against direct computation, eval mode, state, DDP."""
+
+from __future__ import annotations
+
+import json
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from callbacks.activation_stats import ActivationStats, histogram_median, layer_input_stats
+from callbacks.weight_drift import WeightDrift
+from datamodules.random_gaussian import RandomGaussianDataModule
+from modules.weight_drift import WeightDriftModel
+
+
+def _trainer(callbacks, max_steps, **kw):
+    args = dict(
+        callbacks=callbacks, max_steps=max_steps, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, accelerator="cpu", devices=1,
+    )
+    return L.Trainer(**(args | kw))
+
+
+def _data(**kw):
+    return RandomGaussianDataModule(**({"train_size": 256, "val_size": 64, "test_size": 64, "batch_size": 32} | kw))
+
+
+def test_layer_input_stats_by_hand():
+    h = torch.tensor([[0.0, 2.0, -3.0], [0.0, 0.5, 0.0]])
+    zeros, n, mx, hist = layer_input_stats(h)
+    assert (zeros, n, mx) == (3, 6, 3.0)
+    assert hist.sum().item() == 3
+    assert histogram_median(hist) == pytest.approx(2.0, rel=0.012)  # median of {0.5, 2, 3}
+
+
+def test_histogram_median_against_sort():
+    x = torch.randn(10_001, generator=torch.Generator().manual_seed(0)).exp()
+    *_, hist = layer_input_stats(x)
+    assert histogram_median(hist) == pytest.approx(x.median().item(), rel=0.012)
+
+
+class _Tiny(L.LightningModule):
+    """Linear -> ReLU -> Dropout -> Linear: dropout must be off in the measured (eval) forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, i):
+        return nn.functional.cross_entropy(self(batch[0]), batch[1])
+
+    def validation_step(self, batch, i):
+        self(batch[0])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_validation_numbers_equal_direct_computation():
+    model, dm = _Tiny(), _data()
+    cb = ActivationStats(eval_batches=2)
+    _trainer([cb], 1, limit_val_batches=5, num_sanity_val_steps=0).validate(model, dm)
+    dm.setup()
+    x = dm.splits["val"][0][:64]  # two eval batches of 32
+    with torch.no_grad():
+        h = torch.relu(model.net[0](x))
+    rec = cb.history[-1]
+    assert cb.roles == {"net.0": "other", "net.3": "downstream"}
+    assert rec["net.3/sparsity"] == pytest.approx((h == 0).double().mean().item(), abs=1e-12)
+    assert rec["net.3/max"] == pytest.approx(h.abs().max().item(), rel=1e-6)
+    assert rec["net.3/spike_ratio"] == pytest.approx(h.max().item() / h[h > 0].median().item(), rel=0.012)
+    assert rec["net.0/sparsity"] == 0.0 and rec["net.0/max"] == pytest.approx(x.abs().max().item(), rel=1e-6)
+    assert rec["downstream_sparsity"] == rec["net.3/sparsity"] and rec["downstream_max"] == rec["net.3/max"]
+
+
+def test_train_cadence_uses_eval_mode_and_every_n_steps():
+    model, dm = _Tiny(), _data()
+    cb = ActivationStats(eval_batches=0, every_n_steps=2)
+    _trainer([cb], 6, limit_val_batches=0).fit(model, dm)
+    assert [h["step"] for h in cb.history] == [2, 4, 6]
+    assert model.training  # restored after the measurement
+    # with dropout active half the inputs of net.3 would be extra zeros; eval mode keeps sparsity near 1/2
+    assert 0.3 < cb.history[-1]["net.3/sparsity"] < 0.65
+    fresh = ActivationStats()
+    fresh.load_state_dict(cb.state_dict())
+    assert fresh.history == cb.history and fresh.roles == cb.roles
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="never measure"):
+        ActivationStats(eval_batches=0, every_n_steps=0)
+
+
+class _DumpDrift(WeightDrift):
+    def __init__(self, path: str) -> None:
+        super().__init__(every_n_steps=2, plot=False)
+        self.path = path
+
+    def on_fit_end(self, trainer, pl_module):
+        if trainer.is_global_zero:
+            with open(self.path, "w") as f:
+                json.dump(self.history, f)
+
+
+class _DumpActs(ActivationStats):
+    def __init__(self, path: str) -> None:
+        super().__init__(eval_batches=2, every_n_steps=2, plot=False)
+        self.path = path
+
+    def on_fit_end(self, trainer, pl_module):
+        if trainer.is_global_zero:
+            with open(self.path, "w") as f:
+                json.dump(self.history, f)
+
+
+def _run(tmp_path, tag, devices, strategy):
+    L.seed_everything(0)
+    model = WeightDriftModel(hidden=[16, 16], optimizer="sgd", lr=0.1)
+    cbs = [_DumpDrift(str(tmp_path / f"drift_{tag}.json")), _DumpActs(str(tmp_path / f"acts_{tag}.json"))]
+    trainer = _trainer(cbs, 4, devices=devices, strategy=strategy, val_check_interval=4, limit_val_batches=2,
+                       num_sanity_val_steps=0)
+    trainer.fit(model, _data())
+    return (json.loads((tmp_path / f"drift_{tag}.json").read_text()),
+            json.loads((tmp_path / f"acts_{tag}.json").read_text()))
+
+
+def test_ddp_two_processes_equal_single_process(tmp_path):
+    drift1, acts1 = _run(tmp_path, "single", 1, "auto")
+    drift2, acts2 = _run(tmp_path, "ddp", 2, "ddp_spawn")
+    assert [h["step"] for h in drift1] == [h["step"] for h in drift2] == [0, 2, 4]
+    for a, b in zip(drift1, drift2):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-7), k
+    assert [h["step"] for h in acts1] == [h["step"] for h in acts2] == [2, 4]
+    for a, b in zip(acts1, acts2):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=1e-4 if "ratio" not in k else 0.012), k

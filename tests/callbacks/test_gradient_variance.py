@@ -1,0 +1,231 @@
+"""GradientVariance / estimate_gradient_variance against a naive loop of single-sample backward passes."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from callbacks.grad_variance import GradientVarianceEstimator
+from callbacks.gradient_variance import GradientVariance, estimate_gradient_variance
+from datamodules.base import BatchedTensorLoader
+from modules.components.tiny_gpt import TinyGPT
+
+
+def naive(model: nn.Module, loss_fn, batch) -> dict:
+    """Independent reference: stack per-sample gradients from B backward passes, centre, square."""
+    x, y = batch
+    n = x.shape[0]
+    names = [k for k, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    rows = []
+    for i in range(n):
+        loss = loss_fn(model, (x[i : i + 1], y[i : i + 1]))[0]
+        rows.append([g.reshape(-1) for g in torch.autograd.grad(loss, params)])
+    out = {"groups": {}}
+    tot_t, tot_g = 0.0, 0.0
+    for j, name in enumerate(names):
+        g = torch.stack([r[j] for r in rows])
+        t = ((g - g.mean(0)) ** 2).sum().item() / (n - 1)
+        g2 = g.mean(0).pow(2).sum().item()
+        grp = name.rsplit(".", 1)[0]
+        prev = out["groups"].get(grp, (0.0, 0.0))
+        out["groups"][grp] = (prev[0] + t, prev[1] + g2)
+        tot_t, tot_g = tot_t + t, tot_g + g2
+    out["trace"], out["grad_norm_sq"] = tot_t, tot_g
+    return out
+
+
+def cls_loss(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y, reduction="none")
+
+
+def lm_loss(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x).transpose(1, 2), y, reduction="none").mean(1)
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3)).double(), cls_loss, (
+        torch.randn(10, 5, dtype=torch.float64), torch.randint(0, 3, (10,)))
+
+
+def _cnn():
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.LayerNorm(144), nn.Linear(144, 3))
+    return net.double(), cls_loss, (torch.randn(10, 1, 8, 8, dtype=torch.float64), torch.randint(0, 3, (10,)))
+
+
+def _gpt():
+    net = TinyGPT(vocab_size=20, block_size=12, n_layer=2, n_head=2, n_embd=16, bias=True).double()
+    return net, lm_loss, (torch.randint(0, 20, (10, 12)), torch.randint(0, 20, (10, 12)))
+
+
+@pytest.mark.parametrize("make", [_mlp, _cnn, _gpt], ids=["mlp", "cnn", "tiny_gpt"])
+@pytest.mark.parametrize("method", ["auto", "vmap", "loop"])
+def test_estimator_matches_naive_loop(make, method):
+    torch.manual_seed(0)
+    model, loss_fn, batch = make()
+    ref = naive(model, loss_fn, batch)
+    out = estimate_gradient_variance(model, loss_fn, batch, method=method)
+    assert out["trace"] == pytest.approx(ref["trace"], rel=1e-5)
+    assert out["grad_norm_sq"] == pytest.approx(ref["grad_norm_sq"], rel=1e-5)
+    assert out["noise_scale"] == pytest.approx(ref["trace"] / ref["grad_norm_sq"], rel=1e-5)
+    assert set(out["groups"]) == set(ref["groups"])
+    for grp, (t, g2) in ref["groups"].items():
+        assert out["groups"][grp]["trace"] == pytest.approx(t, rel=1e-5, abs=1e-14)
+        assert out["groups"][grp]["grad_norm_sq"] == pytest.approx(g2, rel=1e-5, abs=1e-14)
+    assert all(p.grad is None for p in model.parameters())  # .grad never written
+
+
+def test_auto_picks_the_fast_path_where_it_covers_the_model():
+    torch.manual_seed(0)
+    chosen = {}
+    for name, make in [("mlp", _mlp), ("cnn", _cnn), ("gpt", _gpt)]:
+        model, loss_fn, batch = make()
+        est = GradientVarianceEstimator("auto")
+        est(model, loss_fn, batch)
+        chosen[name] = est.chosen
+    # the CNN's conv weights are not covered by the hooks, so it goes to vmap
+    assert chosen == {"mlp": "hooks", "cnn": "vmap", "gpt": "hooks"}
+
+
+@pytest.mark.parametrize("ghost", ["always", "never"])
+def test_hook_path_tied_weights_positional_embedding_and_ghost_norms(ghost):
+    # TinyGPT ties head.weight to tok_emb.weight and calls pos_emb on arange(T) (no batch dimension):
+    # both must be handled exactly; T == B makes the batch dimension ambiguous by shape alone
+    torch.manual_seed(1)
+    model = TinyGPT(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8).double()
+    batch = (torch.randint(0, 16, (8, 8)), torch.randint(0, 16, (8, 8)))
+    ref = naive(model, lm_loss, batch)
+    out = GradientVarianceEstimator("hooks", ghost=ghost)(model, lm_loss, batch)
+    assert out["trace"] == pytest.approx(ref["trace"], rel=1e-5)
+    assert out["groups"]["pos_emb"]["trace"] == pytest.approx(ref["groups"]["pos_emb"][0], rel=1e-5)
+    assert out["groups"]["tok_emb"]["trace"] == pytest.approx(ref["groups"]["tok_emb"][0], rel=1e-5)
+
+
+class _ItemNet(nn.Module):
+    """A layer vmap cannot trace (data-dependent Python control flow)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, dtype=torch.float64))
+
+    def forward(self, x):
+        return x @ self.w * (2.0 if x.sum().item() > 0 else 1.0)
+
+
+def test_auto_falls_back_to_the_loop_and_logs_it(caplog):
+    torch.manual_seed(0)
+    model = _ItemNet()
+    batch = (torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,)))
+    with caplog.at_level(logging.INFO, logger="callbacks.grad_variance"):
+        est = GradientVarianceEstimator("auto")
+        out = est(model, cls_loss, batch)
+    assert est.chosen == "loop"
+    assert "using the loop" in caplog.text and "'loop' method" in caplog.text
+    assert out["trace"] == pytest.approx(naive(model, cls_loss, batch)["trace"], rel=1e-5)
+
+
+def test_bad_per_sample_loss_shape_is_a_clear_error():
+    model, _, batch = _mlp()
+    with pytest.raises(ValueError, match="one loss per sample"):
+        estimate_gradient_variance(model, lambda m, b: cls_loss(m, b).mean(), batch)
+
+
+# --- the callback ------------------------------------------------------------------------------------------
+class TinyClassifier(L.LightningModule):
+    def __init__(self, lr: float = 0.05) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.LayerNorm(8), nn.Linear(8, 3))
+        self.lr = lr
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g)
+
+    def per_sample_loss(self, batch):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y, reduction="none")
+
+    def training_step(self, batch, batch_idx):
+        return self.per_sample_loss(batch).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    def train_dataloader(self):
+        t = self.trainer
+        return BatchedTensorLoader((self.x, self.y), 16, rank=t.global_rank, world_size=t.world_size)
+
+
+class DumpGradientVariance(GradientVariance):
+    """Writes rank 0's first result to a file (ddp_spawn does not return callback state)."""
+
+    def __init__(self, path: str, **kw) -> None:
+        super().__init__(**kw)
+        self.path = path
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        super().on_before_optimizer_step(trainer, pl_module, optimizer)
+        if trainer.global_rank == 0 and self.history and len(self.history) == 1:
+            _, r = self.history[0]
+            with open(self.path, "w") as f:
+                json.dump({"trace": r["trace"], "grad_norm_sq": r["grad_norm_sq"], "n": r["n"]}, f)
+
+
+def _fit(callbacks, **kw):
+    model = TinyClassifier()
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks, **kw)
+    trainer.fit(model)
+    return model
+
+
+def test_callback_value_and_cadence_and_unchanged_step():
+    cb = GradientVariance(every_n_steps=2)
+    model = _fit([cb], max_steps=4, devices=1)
+    assert [s for s, _ in cb.history] == [0, 2]
+    # step 0 is measured on the first batch with the initial weights: compare with the naive loop
+    ref_model = TinyClassifier()
+    ref = naive(ref_model.net, cls_loss, (ref_model.x[:16], ref_model.y[:16]))
+    assert cb.history[0][1]["trace"] == pytest.approx(ref["trace"], rel=1e-5)
+    m = cb.metrics(cb.history[0][1])
+    assert {"diag/grad_var/trace", "diag/grad_var/noise_scale", "diag/grad_var/net.0/trace"} <= set(m)
+    plain = _fit([], max_steps=4, devices=1)
+    for a, b in zip(model.parameters(), plain.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_callback_with_accumulation_and_bf16_mixed_leaves_training_unchanged():
+    cb = GradientVariance(every_n_steps=1)
+    kw = dict(max_steps=2, devices=1, accumulate_grad_batches=2, precision="bf16-mixed")
+    model = _fit([cb], **kw)
+    assert [s for s, _ in cb.history] == [0, 1] and all(r["n"] == 16 for _, r in cb.history)
+    assert all(torch.isfinite(torch.tensor(r["trace"])) and r["trace"] > 0 for _, r in cb.history)
+    plain = _fit([], **kw)
+    for a, b in zip(model.parameters(), plain.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_missing_protocol_method_is_a_clear_error():
+    class NoProtocol(TinyClassifier):
+        per_sample_loss = None
+
+    with pytest.raises(ValueError, match="per_sample_loss"):
+        L.Trainer(accelerator="cpu", max_steps=1, logger=False, callbacks=[GradientVariance()],
+                  enable_progress_bar=False).fit(NoProtocol())
+
+
+def test_callback_under_ddp_equals_single_process_on_the_global_batch(tmp_path):
+    single, ddp = tmp_path / "single.json", tmp_path / "ddp.json"
+    _fit([DumpGradientVariance(str(single), every_n_steps=10)], max_steps=1, devices=1)
+    _fit([DumpGradientVariance(str(ddp), every_n_steps=10)], max_steps=1, devices=2, strategy="ddp_spawn")
+    a, b = json.loads(single.read_text()), json.loads(ddp.read_text())
+    assert a["n"] == b["n"] == 16
+    assert b["trace"] == pytest.approx(a["trace"], rel=1e-5)
+    assert b["grad_norm_sq"] == pytest.approx(a["grad_norm_sq"], rel=1e-5)

@@ -1,0 +1,30 @@
+"""Shared fixtures: every test that touches MLflow or checkpoints runs in its own temp directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tiny models run fastest on one intra-op thread, and CI has two cores for the whole suite.
+torch.set_num_threads(1)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def paperlab_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temp working directory with its own MLflow sqlite store; hub access disabled (fail fast)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("CI", os.environ.get("CI", "1"))
+    return tmp_path
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return REPO
