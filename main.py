@@ -45,6 +45,7 @@ class PaperlabCLI(LightningCLI):
             subclass_mode_data=True,
             save_config_callback=ConfigArtifact,
             save_config_kwargs={"save_to_log_dir": False},
+            parser_kwargs={"exit_on_error": False},
             args=args,
             run=run,
         )
@@ -143,6 +144,17 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (ValueError, NonFiniteLossError, TrackingServerUnreachable, CheckpointNotFound, HubDataUnavailable)
 
 
+_NOISE = ("Expected a <class 'NoneType'>", "Given value type:", "Given value:", "Subtypes:", "Errors:",
+          "Does not validate against any of the Union subtypes")
+
+
+def clean_error(message: str) -> str:
+    """jsonargparse's message without the Union-of-None noise (every class argument is Optional)."""
+    lines = [ln.strip().lstrip("- ").strip() for ln in str(message).splitlines()]
+    kept = [ln for ln in lines if ln and not any(n in ln for n in _NOISE)]
+    return "; ".join(dict.fromkeys(kept)).replace(":; ", ": ") or str(message)
+
+
 def _fail_open_runs() -> None:
     """A run that an error left RUNNING (an error outside the trainer's own handling) is marked FAILED."""
     import mlflow
@@ -159,15 +171,21 @@ def cli_main(args: list[str] | None = None) -> int:
         from sweeps.cli import main as sweeps_main
 
         return sweeps_main(argv)
+    from jsonargparse import ArgumentError
+
     try:
-        PaperlabCLI(args=argv)
+        PaperlabCLI(args=None if args is None else argv)
+    except ArgumentError as err:
+        print(f"error: {clean_error(str(err))}", file=sys.stderr)
+        print("(python main.py fit --help lists every option)", file=sys.stderr)
+        return 2
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     except _user_errors() as err:
         _fail_open_runs()
         if os.environ.get("PAPERLAB_TRACEBACK"):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {clean_error(str(err))}", file=sys.stderr)
         print("(set PAPERLAB_TRACEBACK=1 for the full traceback)", file=sys.stderr)
         return 2 if isinstance(err, ValueError) else 1
     return 0

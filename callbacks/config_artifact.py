@@ -43,7 +43,7 @@ def run_tags(trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> di
         "strategy": type(trainer.strategy).__name__,
         "devices": trainer.world_size,
         "accelerator": type(trainer.accelerator).__name__,
-        f"stage.{getattr(stage, 'value', stage)}": "true",
+        f"stage.{stage}": "true",
     }
     tags.update(git_state())
     tags["mlflow.source.git.commit"] = tags["git_commit"]
@@ -66,6 +66,7 @@ class ConfigArtifact(SaveConfigCallback):
         logger = mlflow_logger(trainer)
         if logger is None:
             return
+        stage = str(getattr(stage, "value", stage))  # Lightning passes a TrainerFn enum
         dumped = self.parser.dump(self.config, skip_none=False)
         name = "config.yaml" if stage == "fit" else f"{stage}_config.yaml"
         log_artifact_bytes(logger, dumped, f"config/{name}")
@@ -73,6 +74,8 @@ class ConfigArtifact(SaveConfigCallback):
             logger.set_tags(run_tags(trainer, pl_module, stage))
             if stage == "fit":
                 params = yaml.safe_load(dumped)
-                params.pop("config", None)
+                # Run controls, not hyperparameters: they legitimately change between a run and its resume.
+                for key in ("config", "ckpt_path", "weights_only"):
+                    params.pop(key, None)
                 logger.log_params_dict(params)
-                logger.params_from_config = True
+            logger.params_from_config = True

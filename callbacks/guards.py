@@ -30,6 +30,10 @@ class FiniteLossGuard(Callback):
             raise ValueError(f"check_every_n_steps must be positive, got {check_every_n_steps}")
         self.check_every_n_steps = check_every_n_steps
         self._first_bad: torch.Tensor | None = None
+        self._step = 0
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._step = trainer.global_step  # the optimizer step this batch contributes to
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -37,13 +41,13 @@ class FiniteLossGuard(Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if not isinstance(loss, torch.Tensor):
             return
-        step = trainer.global_step  # already incremented for this batch's optimizer step
+        step = self._step
         bad = ~torch.isfinite(loss.detach()).all()
         if self._first_bad is None or self._first_bad.device != loss.device:
             self._first_bad = torch.full((), -1, dtype=torch.long, device=loss.device)
         unset = self._first_bad < 0
         self._first_bad = torch.where(bad & unset, torch.full_like(self._first_bad, step), self._first_bad)
-        if step % self.check_every_n_steps == 0:
+        if (step + 1) % self.check_every_n_steps == 0:
             self._check(trainer)
 
     def _check(self, trainer: L.Trainer) -> None:

@@ -65,7 +65,7 @@ class MLPClassifier(LightningModule):
         logits = self(x)
         loss = F.cross_entropy(logits, y)
         acc.update(logits.argmax(-1), y)
-        self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, batch_size=len(y), sync_dist=stage != "train")
+        self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, batch_size=len(y), sync_dist=True)
         self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True)
         return loss
 

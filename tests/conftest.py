@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,20 @@ torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session")
+def _migrated_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty MLflow sqlite store, migrated once: creating one costs seconds of schema migrations."""
+    import mlflow
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    mlflow.MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def paperlab_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def paperlab_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _migrated_mlflow_db: Path) -> Path:
     """A temp working directory with its own MLflow sqlite store; hub access disabled (fail fast)."""
+    shutil.copy(_migrated_mlflow_db, tmp_path / "mlflow.db")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

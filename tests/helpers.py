@@ -1,0 +1,69 @@
+"""Test-only modules and callbacks, importable by class_path from CLI runs (``tests.helpers.X``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import mlflow
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from modules.mlp_classifier import MLPClassifier
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2",
+        "--trainer.limit_test_batches", "2", "--trainer.num_sanity_val_steps", "0"]
+
+
+class SignalAtStep(Callback):
+    """Sends ``signum`` to this process once ``global_step`` reaches ``step`` (simulates kill -9 / Ctrl-C)."""
+
+    def __init__(self, step: int = 10, signum: int = 9) -> None:
+        self.step = step
+        self.signum = signum
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+class NaNAtStep(MLPClassifier):
+    """The reference MLP whose loss turns NaN from step ``nan_step`` on."""
+
+    def __init__(self, nan_step: int = 5, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.nan_step = nan_step
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.global_step >= self.nan_step else loss
+
+
+def run_main(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python main.py <args>`` in a subprocess (needed for kill -9, signals and the ddp launcher)."""
+    full_env = {**os.environ, "CI": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, str(REPO / "main.py"), *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def client() -> mlflow.MlflowClient:
+    """A client on this test's store (MLflow keeps the last ``set_tracking_uri`` process-wide)."""
+    return mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+
+
+def runs_of(experiment: str) -> list[mlflow.entities.Run]:
+    client_ = client()
+    exp = client_.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return client_.search_runs([exp.experiment_id], run_view_type=mlflow.entities.ViewType.ALL)
+
+
+SIGKILL = signal.SIGKILL
+SIGINT = signal.SIGINT

@@ -1,0 +1,112 @@
+"""The CLI end to end: fit + test from every experiment config, what lands in MLflow, presets, print_config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from main import cli_main
+from tests.helpers import REPO, TINY, client, runs_of
+
+EXPERIMENT_CONFIGS = sorted(
+    p for p in (REPO / "configs").glob("*/*.yaml")
+    if p.parent.name != "trainer" and "sweep" not in p.stem
+)
+
+
+def test_every_experiment_config_has_an_explicit_integer_seed() -> None:
+    assert EXPERIMENT_CONFIGS, "no experiment configs found"
+    for path in EXPERIMENT_CONFIGS:
+        seed = yaml.safe_load(path.read_text()).get("seed_everything")
+        assert isinstance(seed, int) and not isinstance(seed, bool), f"{path}: seed_everything must be an int"
+
+
+@pytest.mark.parametrize("config", EXPERIMENT_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_fit_then_test_from_config(config: Path, paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
+    rc = cli_main(["fit", "--config", str(config), *TINY])
+    if rc != 0:
+        # Paper-scale configs read hub data: offline they must fail with the one-line hint, nothing else.
+        err = capsys.readouterr().err
+        assert "Use the embedded default instead" in err, err[-2000:]
+        return
+    method = config.parent.name
+    ckpt_dir = paperlab_tmp / "checkpoints" / method / config.stem
+    assert (ckpt_dir / "last.ckpt").is_file()
+    assert cli_main(["test", "--config", str(config), *TINY, "--ckpt_path", "last"]) == 0
+    (run,) = runs_of(method)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == config.stem
+    assert any(k.startswith("test/") for k in run.data.metrics), run.data.metrics
+    assert any(k.startswith("train/") for k in run.data.metrics), run.data.metrics
+
+
+def test_mlflow_run_contents(paperlab_tmp: Path) -> None:
+    config = REPO / "configs/mlp_classifier/yinyang.yaml"
+    long_tag = "x" * 400  # longer than Lightning's 250-character param cut
+    assert cli_main(["fit", "--config", str(config), *TINY, "--run.tags", f'{{"note": "{long_tag}"}}',
+                     "--data.init_args.train_size", "300"]) == 0
+    (run,) = runs_of("mlp_classifier")
+    params, tags = run.data.params, run.data.tags
+    assert params["model.init_args.hidden"] == "[64, 64]"
+    assert params["data.init_args.train_size"] == "300"
+    assert params["seed_everything"] == "0"
+    assert not any("_instantiator" in k for k in params)
+    assert tags["note"] == long_tag
+    assert tags["paper_id"] == "reference" and tags["method"] == "mlp_classifier"
+    assert tags["dataset"] == "yinyang" and tags["strategy"] == "SingleDeviceStrategy"
+    assert len(tags["git_commit"]) in (7, 40) or tags["git_commit"] == "unknown"
+    assert {"val/acc", "val/acc_best", "train/loss"} <= set(run.data.metrics)
+    text = Path(client().download_artifacts(run.info.run_id, "config/config.yaml", str(paperlab_tmp))).read_text()
+    resolved = yaml.safe_load(text)
+    assert resolved["model"]["init_args"]["hidden"] == [64, 64]
+    assert resolved["data"]["init_args"]["train_size"] == 300
+
+
+def test_long_param_values_are_not_cut_silently(paperlab_tmp: Path) -> None:
+    from callbacks.mlflow_logger import PaperlabMLFlowLogger
+
+    logger = PaperlabMLFlowLogger(experiment_name="params", run_name="long")
+    value = "y" * 1000
+    logger.log_params_dict({"a": {"b": value}, "_instantiator": "noise"})
+    logger.log_params_dict({"a": {"b": "changed"}})  # a resume that changed the value: a tag, no crash
+    run = client().get_run(logger.run_id)
+    assert run.data.params["a.b"] == value
+    assert "_instantiator" not in run.data.params
+    assert run.data.tags["param_changed.a.b"] == "changed"
+
+
+@pytest.mark.parametrize("preset", sorted((REPO / "configs/trainer").glob("*.yaml")), ids=lambda p: p.stem)
+def test_trainer_presets_parse(preset: Path, capsys: pytest.CaptureFixture) -> None:
+    config = REPO / "configs/mlp_classifier/yinyang.yaml"
+    assert cli_main(["fit", "--config", str(config), "--trainer", str(preset), "--print_config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    expected = yaml.safe_load(preset.read_text())
+    for key, value in expected.items():
+        got = printed["trainer"][key]
+        if isinstance(value, dict):  # a class: its class_path and the init_args the preset sets
+            assert got["class_path"] == value["class_path"]
+            assert value["init_args"].items() <= got["init_args"].items()
+        else:
+            assert got == value, (key, got)
+
+
+def test_override_from_command_line(capsys: pytest.CaptureFixture) -> None:
+    config = REPO / "configs/mlp_classifier/digits.yaml"
+    assert cli_main(["fit", "--config", str(config), "--model.init_args.lr", "0.123", "--print_config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["init_args"]["lr"] == 0.123
+
+
+def test_predict_writes_predictions(paperlab_tmp: Path) -> None:
+    config = REPO / "configs/mlp_classifier/yinyang.yaml"
+    assert cli_main(["fit", "--config", str(config), *TINY]) == 0
+    assert cli_main(["predict", "--config", str(config), "--ckpt_path", "best"]) == 0
+    import torch
+
+    preds = torch.load(paperlab_tmp / "checkpoints/mlp_classifier/yinyang/predictions.pt")
+    assert preds.shape == (1000, 3)
+    assert torch.allclose(preds.sum(-1), torch.ones(1000), atol=1e-5)
+    (run,) = runs_of("mlp_classifier")
+    assert [a.path for a in client().list_artifacts(run.info.run_id, "predictions")]

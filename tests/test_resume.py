@@ -1,0 +1,73 @@
+"""Resume after kill -9: same weights as an uninterrupted run, same MLflow run, continuing step axis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import yaml
+
+from main import cli_main
+from tests.helpers import REPO, SIGKILL, client, run_main, runs_of
+
+SMALL = ["--trainer.max_epochs", "3", "--trainer.num_sanity_val_steps", "0",
+         "--data.init_args.train_size", "600", "--data.init_args.val_size", "200"]
+
+
+def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def test_kill9_mid_epoch_then_resume_equals_uninterrupted_run(paperlab_tmp: Path) -> None:
+    base = REPO / "configs/mlp_classifier/yinyang.yaml"
+    assert cli_main(["fit", "--config", str(base), *SMALL, "--run.name", "straight"]) == 0
+
+    # 600 samples / batch 32 = 19 steps per epoch: step 30 is in the middle of the second epoch.
+    killer = paperlab_tmp / "killer.yaml"
+    killer.write_text(yaml.safe_dump({"trainer": {"callbacks": [
+        {"class_path": "tests.helpers.SignalAtStep", "init_args": {"step": 30, "signum": int(SIGKILL)}}]}}))
+    proc = run_main(["fit", "--config", str(base), "--config", str(killer), *SMALL, "--run.name", "resumed"],
+                    cwd=paperlab_tmp)
+    assert proc.returncode == -int(SIGKILL), proc.stderr[-2000:]
+    ckpt_dir = paperlab_tmp / "checkpoints/mlp_classifier/resumed"
+    assert torch.load(ckpt_dir / "last.ckpt", weights_only=False)["global_step"] == 19
+
+    assert cli_main(["fit", "--config", str(base), *SMALL, "--run.name", "resumed", "--ckpt_path", "last"]) == 0
+
+    straight = _weights(paperlab_tmp / "checkpoints/mlp_classifier/straight/last.ckpt")
+    resumed = _weights(ckpt_dir / "last.ckpt")
+    assert straight.keys() == resumed.keys()
+    for key in straight:
+        assert torch.equal(straight[key], resumed[key]), key
+
+    runs = {r.info.run_name: r for r in runs_of("mlp_classifier")}
+    assert sorted(runs) == ["resumed", "straight"]  # the resume did not open a second run
+    run = runs["resumed"]
+    assert run.info.status == "FINISHED"
+    history = client().get_metric_history(run.info.run_id, "val/acc")
+    steps = [m.step for m in history]
+    assert steps == [18, 37, 56], steps  # one point per epoch, the step axis continues across the resume
+    # The diagnostics' state (here the best-so-far metric) came back from the checkpoint.
+    best = client().get_metric_history(run.info.run_id, "val/acc_best")
+    assert [m.value for m in best] == sorted(m.value for m in best)
+    assert best[-1].value == max(m.value for m in history)
+
+
+def test_test_on_checkpoint_logs_into_the_run_that_trained_it(paperlab_tmp: Path) -> None:
+    base = REPO / "configs/mlp_classifier/digits.yaml"
+    small = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3"]
+    assert cli_main(["fit", "--config", str(base), *small]) == 0
+    ckpt = next((paperlab_tmp / "checkpoints/mlp_classifier/digits").glob("best-*.ckpt"))
+    assert cli_main(["validate", "--config", str(base), "--ckpt_path", str(ckpt)]) == 0
+    assert cli_main(["test", "--config", str(base), "--ckpt_path", "best"]) == 0
+    (run,) = runs_of("mlp_classifier")
+    assert "test/acc" in run.data.metrics and "val/acc" in run.data.metrics
+    artifacts = [a.path for a in client().list_artifacts(run.info.run_id, "config")]
+    assert sorted(artifacts) == ["config/config.yaml", "config/test_config.yaml", "config/validate_config.yaml"]
+
+
+def test_resume_without_checkpoint_is_a_clear_error(paperlab_tmp: Path, capsys) -> None:
+    base = REPO / "configs/mlp_classifier/digits.yaml"
+    assert cli_main(["fit", "--config", str(base), "--ckpt_path", "last"]) == 1
+    assert "no checkpoint in" in capsys.readouterr().err
+    assert runs_of("mlp_classifier") == []
