@@ -12,6 +12,7 @@ import torchmetrics
 from lightning import LightningModule
 from torch import Tensor
 
+from modules.components.epoch_metrics import EpochMetrics
 from modules.components.mlp import MLP
 
 
@@ -49,34 +50,41 @@ class MLPClassifier(LightningModule):
             raise ValueError(f"lr must be positive, got {lr}")
         self.save_hyperparameters()
         self.net = MLP(in_dim, hidden, num_classes, activation=activation)
-        metric = torchmetrics.classification.MulticlassAccuracy(num_classes=num_classes, average="micro")
-        self.train_acc, self.val_acc, self.test_acc = metric.clone(), metric.clone(), metric.clone()
+        acc = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+        self.epoch_metrics = EpochMetrics({"acc": acc})
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
-    def _step(self, batch: tuple[Tensor, Tensor], stage: str, acc: torchmetrics.Metric) -> Tensor:
+    def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         x, y = batch
-        if x.shape[-1] != self.hparams.in_dim and x.flatten(1).shape[-1] != self.hparams.in_dim:
+        if x.flatten(1).shape[-1] != self.hparams.in_dim:
             raise ValueError(
                 f"the data has {x.flatten(1).shape[-1]} features but the model expects in_dim="
                 f"{self.hparams.in_dim}; set --model.init_args.in_dim"
             )
         logits = self(x)
         loss = F.cross_entropy(logits, y)
-        acc.update(logits.argmax(-1), y)
-        self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, batch_size=len(y), sync_dist=True)
-        self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True)
+        self.epoch_metrics.update(stage, loss, logits.argmax(-1), y)
         return loss
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self._step(batch, "train", self.train_acc)
+        return self._step(batch, "train")
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._step(batch, "val", self.val_acc)
+        self._step(batch, "val")
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._step(batch, "test", self.test_acc)
+        self._step(batch, "test")
+
+    def on_train_epoch_end(self) -> None:
+        self.epoch_metrics.log_epoch(self, "train")
+
+    def on_validation_epoch_end(self) -> None:
+        self.epoch_metrics.log_epoch(self, "val")
+
+    def on_test_epoch_end(self) -> None:
+        self.epoch_metrics.log_epoch(self, "test")
 
     def predict_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         return self(batch[0]).softmax(-1)
