@@ -72,7 +72,9 @@ class ActivationStats(Callback):
         plot: bool = True,
     ) -> None:
         if eval_batches < 0 or every_n_steps < 0:
-            raise ValueError(f"eval_batches and every_n_steps must be >= 0, got {eval_batches}, {every_n_steps}")
+            raise ValueError(
+                f"eval_batches and every_n_steps must be >= 0, got {eval_batches}, {every_n_steps}"
+            )
         if eval_batches == 0 and every_n_steps == 0:
             raise ValueError("ActivationStats would never measure: set eval_batches > 0 or every_n_steps > 0")
         self.eval_batches = eval_batches
@@ -164,21 +166,35 @@ class ActivationStats(Callback):
         return out
 
     # --- when -------------------------------------------------------------------------------------------
-    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                                  batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_start(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         if batch_idx < self.eval_batches and dataloader_idx == 0:
             self._attach(pl_module)
 
-    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                                batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         self._detach()
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.eval_batches > 0:
             self._flush(trainer, pl_module)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self.every_n_steps <= 0 or trainer.global_step % self.every_n_steps != 0:
             return
         if self.history and self.history[-1]["step"] == trainer.global_step:

@@ -24,19 +24,26 @@ from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 
 from callbacks.figures import log_figure
-from modules.components.activations import GELU2, ReLU2
+from modules.components.activations import GELU2, QuantileReLU, ReLU2
 
 PREFIX = "diag/weight_drift"
 WEIGHT_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-_POSITIVE = (nn.ReLU, nn.GELU, nn.SiLU, nn.ReLU6, nn.Softplus, nn.ELU, ReLU2, GELU2)
+_POSITIVE = (nn.ReLU, nn.GELU, nn.SiLU, nn.ReLU6, nn.Softplus, nn.ELU, ReLU2, GELU2, QuantileReLU)
 _SYMMETRIC = (nn.Tanh, nn.Identity, nn.Hardtanh, nn.Softsign)
-_PASSTHROUGH = (nn.Dropout, nn.Flatten, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AvgPool1d, nn.AvgPool2d,
-                nn.MaxPool1d, nn.MaxPool2d)
+_PASSTHROUGH = (
+    nn.Dropout,
+    nn.Flatten,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+)
 ROLES = ("downstream", "symmetric", "other")
 
 
@@ -166,13 +173,18 @@ class WeightDrift(Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         layers = dict(weight_layers(pl_module, self.exclude))
         if not layers:
-            raise ValueError(f"WeightDrift found no Linear/Conv layers in {type(pl_module).__name__} (exclude={self.exclude})")
+            raise ValueError(
+                f"WeightDrift found no Linear/Conv layers in {type(pl_module).__name__} "
+                f"(exclude={self.exclude})"
+            )
         if not self.initial:  # fresh run; a resumed run got its W_0 from load_state_dict
             self.initial = {n: m.weight.detach().clone() for n, m in layers.items()}
         else:
             missing = sorted(set(layers) - set(self.initial))
             if missing:
-                raise ValueError(f"WeightDrift's saved initial weights lack layers {missing[:5]}: was the model changed?")
+                raise ValueError(
+                    f"WeightDrift's saved initial weights lack layers {missing[:5]}: was the model changed?"
+                )
             self.initial = {n: self.initial[n].to(layers[n].weight.device) for n in layers}
         self._last_step = -1
 
@@ -189,7 +201,9 @@ class WeightDrift(Callback):
         self.history = list(state_dict.get("history", []))
 
     # --- roles ------------------------------------------------------------------------------------------
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if not self.roles:
             self._tracer = InputSourceTracer(pl_module, self.exclude).__enter__()
 
@@ -197,14 +211,19 @@ class WeightDrift(Callback):
         if self._tracer is None:
             return
         self._tracer.__exit__()
-        self.roles = {n: "downstream" if n in self.downstream else self._tracer.roles.get(n, "other")
-                      for n in self.initial}
+        self.roles = {
+            n: "downstream" if n in self.downstream else self._tracer.roles.get(n, "other")
+            for n in self.initial
+        }
         self._tracer = None
 
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
+    ) -> None:
         self._finish_tracing(pl_module)
         if trainer.global_step == 0 and not self.history:
-            self._measure(trainer, pl_module, with_grads=False)  # W = W_0 still: the curves start at the origin
+            # W = W_0 still (the step has not been taken): the curves start at the origin
+            self._measure(trainer, pl_module, with_grads=False)
         if self.log_grad_mean and (trainer.global_step + 1) % self.every_n_steps == 0:
             # the gradient that produces the step about to be logged; DDP has already averaged it
             self._grad_mean = {
@@ -243,8 +262,9 @@ class WeightDrift(Callback):
         self.history.append({"step": float(step), **metrics})
         log_metrics(trainer, {f"{PREFIX}/{k}": v for k, v in metrics.items()}, step)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._finish_tracing(pl_module)
         if trainer.global_step > 0 and trainer.global_step % self.every_n_steps == 0:
             self._measure(trainer, pl_module)

@@ -5,7 +5,8 @@ docstrings of the standard library's top-level modules (read from the sources, n
 Documents are sorted by name, so the corpus and its splits are the same on every machine with the same
 CPython version. Characters are bytes 0..127 (ASCII); anything else maps to ``?``.
 
-Pipeline (``datasets``): ``Dataset.from_dict`` of documents -> ``.map`` to byte ids -> concatenate per split ->
+Pipeline (``datasets``): ``Dataset.from_dict`` of documents -> ``.map`` to byte ids -> concatenate per
+split ->
 non-overlapping windows of ``block_size + 1`` characters -> inputs ``x = w[:-1]``, targets ``y = w[1:]``.
 The windows are then served by the core's batched tensor loader (one gather per batch, DDP-sharded).
 """
@@ -89,7 +90,9 @@ class CharTextDataModule(TensorDataModule):
         if block_size <= 0 or max_chars <= 0:
             raise ValueError(f"block_size and max_chars must be positive, got {block_size}, {max_chars}")
         if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
-            raise ValueError(f"val_fraction={val_fraction}, test_fraction={test_fraction} must be in (0, 1), sum < 1")
+            raise ValueError(
+                f"val_fraction={val_fraction}, test_fraction={test_fraction} must be in (0, 1), sum < 1"
+            )
         self.block_size = block_size
         self.max_chars = max_chars
         self.val_fraction = val_fraction
@@ -104,10 +107,16 @@ class CharTextDataModule(TensorDataModule):
         if self.hub_id is None:
             return [t for _, t in stdlib_documents(self.max_chars)]
         ds = load_hub_dataset(
-            self.hub_id, "the embedded CPython corpus (leave data.hub_id unset)", self.hub_config, split="train"
+            self.hub_id,
+            "the embedded CPython corpus (leave data.hub_id unset)",
+            self.hub_config,
+            split="train",
         )
         if self.text_column not in ds.column_names:
-            raise ValueError(f"{self.hub_id} has no column {self.text_column!r}; set text_column to one of {ds.column_names}")
+            raise ValueError(
+                f"{self.hub_id} has no column {self.text_column!r}; "
+                f"set text_column to one of {ds.column_names}"
+            )
         docs, total = [], 0
         for t in ds[self.text_column]:
             docs.append(t)
@@ -124,10 +133,14 @@ class CharTextDataModule(TensorDataModule):
         import datasets
 
         docs = self.documents()
-        # Whole documents go to one split (no text leaks across); each next document goes to the split furthest
-        # below its share of characters, so the character fractions come out close to the requested ones.
-        target = {"train": 1 - self.val_fraction - self.test_fraction, "val": self.val_fraction,
-                  "test": self.test_fraction}
+        # Whole documents go to one split (no text leaks across); each next document goes to the split
+        # furthest below its share of characters, so the character fractions come out close to the
+        # requested ones.
+        target = {
+            "train": 1 - self.val_fraction - self.test_fraction,
+            "val": self.val_fraction,
+            "test": self.test_fraction,
+        }
         chars = dict.fromkeys(target, 0)
         split_of = []
         for i, doc in enumerate(docs):
@@ -139,7 +152,9 @@ class CharTextDataModule(TensorDataModule):
         bars = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()
         try:
-            ds = ds.map(lambda b: {"ids": [encode(t) for t in b["text"]]}, batched=True, remove_columns=["text"])
+            ds = ds.map(
+                lambda b: {"ids": [encode(t) for t in b["text"]]}, batched=True, remove_columns=["text"]
+            )
             ds = ds.with_format("numpy")
             ids, splits = ds["ids"], ds["split"]
         finally:

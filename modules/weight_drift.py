@@ -107,7 +107,13 @@ class WeightDriftModel(LightningModule):
             return ResNet(h.in_channels, h.num_classes, h.resnet_widths, h.resnet_blocks, h.activation)
         if h.arch == "vit":
             return ViT(
-                h.image_size, h.vit_patch, h.in_channels, h.num_classes, h.vit_dim, h.vit_depth, h.vit_heads,
+                h.image_size,
+                h.vit_patch,
+                h.in_channels,
+                h.num_classes,
+                h.vit_dim,
+                h.vit_depth,
+                h.vit_heads,
                 activation=h.activation,
             )
         return TinyGPT(h.vocab_size, h.block_size, h.n_layer, h.n_head, h.n_embd, activation=h.activation)
@@ -133,7 +139,9 @@ class WeightDriftModel(LightningModule):
                 f"{self.hparams.in_dim}; set --model.init_args.in_dim"
             )
         if self.hparams.arch in ("resnet", "vit") and x.dim() != 4:
-            raise ValueError(f"{self.hparams.arch} needs images (B, C, H, W): set data.init_args.image_shape: true")
+            raise ValueError(
+                f"{self.hparams.arch} needs images (B, C, H, W): set data.init_args.image_shape: true"
+            )
         logits = self(x)
         loss = self._loss(logits, y)
         acc.update(logits.reshape(-1, self.n_out).argmax(-1), y.reshape(-1))

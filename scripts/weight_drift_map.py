@@ -1,4 +1,4 @@
-"""Map where the weight-drift prediction of paper 000-09 holds: optimiser x loss x activation x layer position.
+"""Map where the weight-drift prediction of paper 000-09 holds: optimiser x loss x activation x layer.
 
 The prediction: weights that read a positively biased activation (relu, gelu, silu) drift negative early in
 training, even on random data, and weights reading tanh or identity do not. This script trains, in process,
@@ -43,8 +43,16 @@ LR = {"sgd": 0.05, "adamw": 1e-3}
 DOC = Path(__file__).resolve().parents[1] / "docs" / "papers" / "weight_drift.md"
 
 
-def train(model: WeightDriftModel, x: torch.Tensor, y: torch.Tensor, steps: int, batch: int, seed: int,
-          watch: dict[str, list[str]], grad_steps: int = 10) -> dict[str, tuple[float, float, float]]:
+def train(
+    model: WeightDriftModel,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    steps: int,
+    batch: int,
+    seed: int,
+    watch: dict[str, list[str]],
+    grad_steps: int = 10,
+) -> dict[str, tuple[float, float, float]]:
     """Train ``steps`` SGD/AdamW steps; per watched group: (drift, mean early gradient, d frac_negative)."""
     mods = dict(model.net.named_modules())
     w0 = {n: mods[n].weight.detach().clone() for g in watch.values() for n in g}
@@ -68,7 +76,11 @@ def train(model: WeightDriftModel, x: torch.Tensor, y: torch.Tensor, steps: int,
             _, neg_0, _ = weight_stats(w0[n], w0[n])
             drift.append(d)
             dneg.append(neg_t - neg_0)
-        out[group] = (sum(drift) / len(drift), sum(grads[n] for n in names) / len(names), sum(dneg) / len(dneg))
+        out[group] = (
+            sum(drift) / len(drift),
+            sum(grads[n] for n in names) / len(names),
+            sum(dneg) / len(dneg),
+        )
     return out
 
 
@@ -106,7 +118,8 @@ def mlp_grid(steps: int, seeds: int) -> str:
     x, y = dm.build_splits()["train"]
     watch = {"hidden": ["layers.2", "layers.4"], "out": ["layers.6"]}
     rows = [
-        "| optimiser | loss | activation | hidden drift (1e-4) | read-out drift (1e-4) | hidden early grad (1e-5) "
+        "| optimiser | loss | activation | hidden drift (1e-4) | read-out drift (1e-4) "
+        "| hidden early grad (1e-5) "
         "| hidden Δ frac W<0 (%) | prediction holds |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -116,15 +129,22 @@ def mlp_grid(steps: int, seeds: int) -> str:
                 res = []
                 for seed in range(seeds):
                     torch.manual_seed(seed)
-                    model = WeightDriftModel(arch="mlp", activation=act, loss=loss, optimizer=opt, lr=LR[opt],
-                                             hidden=[256, 256, 256])
+                    model = WeightDriftModel(
+                        arch="mlp",
+                        activation=act,
+                        loss=loss,
+                        optimizer=opt,
+                        lr=LR[opt],
+                        hidden=[256, 256, 256],
+                    )
                     res.append(train(model, x, y, steps, 128, seed, watch))
                 hd = [r["hidden"][0] for r in res]
                 od = [r["out"][0] for r in res]
                 hg = [r["hidden"][1] for r in res]
                 hn = [r["hidden"][2] for r in res]
                 rows.append(
-                    f"| {opt} | {loss} | {act} | {fmt(hd, 1e4)} ({sign_call(hd)}) | {fmt(od, 1e4)} ({sign_call(od)}) "
+                    f"| {opt} | {loss} | {act} | {fmt(hd, 1e4)} ({sign_call(hd)}) "
+                    f"| {fmt(od, 1e4)} ({sign_call(od)}) "
                     f"| {fmt(hg, 1e5)} | {fmt(hn, 100)} | {verdict(act, sign_call(hd), sign_call(od))} |"
                 )
                 print(rows[-1], flush=True)
@@ -134,7 +154,10 @@ def mlp_grid(steps: int, seeds: int) -> str:
 def gpt_runs(steps: int, seeds: int) -> str:
     dm = CharTextDataModule(block_size=64)
     x, y = dm.build_splits()["train"]
-    watch = {"proj": [f"blocks.{i}.mlp.proj" for i in range(3)], "fc": [f"blocks.{i}.mlp.fc" for i in range(3)]}
+    watch = {
+        "proj": [f"blocks.{i}.mlp.proj" for i in range(3)],
+        "fc": [f"blocks.{i}.mlp.fc" for i in range(3)],
+    }
     rows = [
         "| activation | down-proj drift (1e-4) | down-proj early grad (1e-5) | down-proj Δ frac W<0 (%) "
         "| up-proj (reads LayerNorm) drift (1e-4) | down-proj input sparsity | prediction holds |",
@@ -147,8 +170,10 @@ def gpt_runs(steps: int, seeds: int) -> str:
             model = WeightDriftModel(arch="gpt", activation=act, optimizer="adamw", lr=3e-3)
             res.append(train(model, x, y, steps, 32, seed, watch))
             acts: list[torch.Tensor] = []
-            hooks = [model.net.blocks[i].mlp.proj.register_forward_pre_hook(lambda m, a: acts.append(a[0]))
-                     for i in range(3)]
+            hooks = [
+                b.mlp.proj.register_forward_pre_hook(lambda m, a, acts=acts: acts.append(a[0]))
+                for b in model.net.blocks
+            ]
             with torch.no_grad():
                 model.eval()(x[:64])
             for h in hooks:
@@ -160,8 +185,11 @@ def gpt_runs(steps: int, seeds: int) -> str:
             sparsity.append(zeros / n)
         pd = [r["proj"][0] for r in res]
         fd = [r["fc"][0] for r in res]
-        holds = ("yes" if sign_call(pd) == "neg" else "no") if act not in ("tanh", "identity") else (
-            "yes" if sign_call(pd) != "neg" else "no (drifts neg)")
+        holds = (
+            ("yes" if sign_call(pd) == "neg" else "no")
+            if act not in ("tanh", "identity")
+            else ("yes" if sign_call(pd) != "neg" else "no (drifts neg)")
+        )
         rows.append(
             f"| {act} | {fmt(pd, 1e4)} ({sign_call(pd)}) | {fmt([r['proj'][1] for r in res], 1e5)} "
             f"| {fmt([r['proj'][2] for r in res], 100)} | {fmt(fd, 1e4)} ({sign_call(fd)}) "
@@ -190,7 +218,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t0 = time.time()
     cmd = "python scripts/weight_drift_map.py " + " ".join(sys.argv[1:])
-    print(f"MLP on random Gaussian data, {args.steps} steps, batch 128, lr SGD {LR['sgd']} / AdamW {LR['adamw']}")
+    print(
+        f"MLP on random Gaussian data, {args.steps} steps, batch 128, "
+        f"lr SGD {LR['sgd']} / AdamW {LR['adamw']}"
+    )
     mlp = mlp_grid(args.steps, args.seeds)
     gpt = ""
     if args.gpt_steps > 0:
@@ -200,7 +231,8 @@ def main() -> None:
     text = (
         f"Command: `{cmd.strip()}` ({args.seeds} seeds, mean ± std over seeds; sign in brackets: all seeds "
         f"negative / positive / mixed; {elapsed / 60:.1f} min on 2 shared CPU cores).\n\n"
-        f"**MLP 64-256-256-256-10 on random Gaussian inputs and labels, {args.steps} steps.** Hidden = the two "
+        f"**MLP 64-256-256-256-10 on random Gaussian inputs and labels, {args.steps} steps.** "
+        "Hidden = the two "
         "hidden-to-hidden layers, read-out = the last layer; both read the activation.\n\n" + mlp + "\n"
     )
     if gpt:

@@ -51,6 +51,29 @@ class GELU2(nn.Module):
         return f"clip={self.clip}"
 
 
+class QuantileReLU(nn.Module):
+    """``relu(x - q_s(x))`` with ``q_s`` the per-sample ``sparsity``-quantile over the last dimension.
+
+    Forces a fraction ``sparsity`` of exact zeros in every sample (the authors' QuantileReLU sweeps); the
+    threshold is treated as a constant in the backward pass.
+    """
+
+    def __init__(self, sparsity: float = 0.5) -> None:
+        super().__init__()
+        if not 0.0 <= sparsity < 1.0:
+            raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
+        self.sparsity = sparsity
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.sparsity == 0.0:
+            return torch.relu(x - x.detach().amin(dim=-1, keepdim=True))
+        q = torch.quantile(x.detach().float(), self.sparsity, dim=-1, keepdim=True).to(x.dtype)
+        return torch.relu(x - q)
+
+    def extra_repr(self) -> str:
+        return f"sparsity={self.sparsity}"
+
+
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "relu": lambda: nn.ReLU(),
     "gelu": lambda: nn.GELU(),
@@ -61,32 +84,40 @@ _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "relu2_clip": lambda clip=DEFAULT_CLIP: ReLU2(clip),
     "gelu2": lambda: GELU2(None),
     "gelu2_clip": lambda clip=DEFAULT_CLIP: GELU2(clip),
+    "quantile_relu": lambda sparsity=0.5: QuantileReLU(sparsity),
 }
 
 # phi(z) has positive mean under z ~ N(0, 1): the layers reading these drift negative (paper 000-09).
-POSITIVELY_BIASED = frozenset({"relu", "gelu", "silu", "relu2", "relu2_clip", "gelu2", "gelu2_clip"})
+POSITIVELY_BIASED = frozenset(
+    {"relu", "gelu", "silu", "relu2", "relu2_clip", "gelu2", "gelu2_clip", "quantile_relu"}
+)
 
 
 def activation_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_activation(name: str, clip: float | None = None) -> nn.Module:
+def get_activation(name: str, clip: float | None = None, sparsity: float | None = None) -> nn.Module:
     """A fresh activation module by name (see ``activation_names()``).
 
-    ``clip`` sets the clip value of ``relu2_clip`` / ``gelu2_clip`` (default 50); other names reject it.
+    ``clip`` sets the clip value of ``relu2_clip`` / ``gelu2_clip`` (default 50) and ``sparsity`` the forced
+    zero fraction of ``quantile_relu`` (default 0.5); other names reject them.
     """
     try:
         factory = _REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown activation {name!r}; choose one of {activation_names()}") from None
-    if clip is None:
-        return factory()
-    if not name.endswith("_clip"):
+    if clip is not None and not name.endswith("_clip"):
         raise ValueError(f"clip={clip} only applies to relu2_clip / gelu2_clip, not {name!r}")
-    return factory(clip)
+    if sparsity is not None and name != "quantile_relu":
+        raise ValueError(f"sparsity={sparsity} only applies to quantile_relu, not {name!r}")
+    if clip is not None:
+        return factory(clip)
+    if sparsity is not None:
+        return factory(sparsity)
+    return factory()
 
 
 def is_positively_biased(module: nn.Module) -> bool:
     """Whether ``module`` is an activation with E[phi(z)] > 0 for symmetric z (relu, gelu, silu, squares)."""
-    return isinstance(module, nn.ReLU | nn.GELU | nn.SiLU | ReLU2 | GELU2)
+    return isinstance(module, nn.ReLU | nn.GELU | nn.SiLU | ReLU2 | GELU2 | QuantileReLU)

@@ -20,7 +20,9 @@ class MLP(nn.Module):
     ) -> None:
         super().__init__()
         if in_dim <= 0 or out_dim <= 0 or any(h <= 0 for h in hidden):
-            raise ValueError(f"MLP sizes must be positive: in_dim={in_dim}, hidden={list(hidden)}, out_dim={out_dim}")
+            raise ValueError(
+                f"MLP sizes must be positive: in_dim={in_dim}, hidden={list(hidden)}, out_dim={out_dim}"
+            )
         layers: list[nn.Module] = []
         width = in_dim
         for h in hidden:

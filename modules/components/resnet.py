@@ -26,7 +26,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(c_out)
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or c_in != c_out:
-            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out)
+            )
         self.act2 = get_activation(activation)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -56,7 +58,9 @@ class ResNet(nn.Module):
     ) -> None:
         super().__init__()
         if not widths or min(widths) <= 0 or blocks_per_stage <= 0 or in_channels <= 0 or num_classes <= 0:
-            raise ValueError(f"ResNet sizes must be positive: widths={list(widths)}, blocks={blocks_per_stage}")
+            raise ValueError(
+                f"ResNet sizes must be positive: widths={list(widths)}, blocks={blocks_per_stage}"
+            )
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=False), nn.BatchNorm2d(widths[0])
         )
@@ -64,8 +68,10 @@ class ResNet(nn.Module):
         stages: list[nn.Module] = []
         c = widths[0]
         for s, w in enumerate(widths):
-            blocks = [BasicBlock(c if b == 0 else w, w, 2 if (s > 0 and b == 0) else 1, activation)
-                      for b in range(blocks_per_stage)]
+            blocks = [
+                BasicBlock(c if b == 0 else w, w, 2 if (s > 0 and b == 0) else 1, activation)
+                for b in range(blocks_per_stage)
+            ]
             stages.append(nn.Sequential(*blocks))
             c = w
         self.stages = nn.Sequential(*stages)
@@ -78,5 +84,7 @@ class ResNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4:
-            raise ValueError(f"ResNet expects images (B, C, H, W), got {tuple(x.shape)}; use image_shape=True")
+            raise ValueError(
+                f"ResNet expects images (B, C, H, W), got {tuple(x.shape)}; use image_shape=True"
+            )
         return self.fc(self.flatten(self.pool(self.stages(self.stem_act(self.stem(x))))))

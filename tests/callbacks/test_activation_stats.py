@@ -17,14 +17,22 @@ from modules.weight_drift import WeightDriftModel
 
 def _trainer(callbacks, max_steps, **kw):
     args = dict(
-        callbacks=callbacks, max_steps=max_steps, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False, accelerator="cpu", devices=1,
+        callbacks=callbacks,
+        max_steps=max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
     )
     return L.Trainer(**(args | kw))
 
 
 def _data(**kw):
-    return RandomGaussianDataModule(**({"train_size": 256, "val_size": 64, "test_size": 64, "batch_size": 32} | kw))
+    return RandomGaussianDataModule(
+        **({"train_size": 256, "val_size": 64, "test_size": 64, "batch_size": 32} | kw)
+    )
 
 
 def test_layer_input_stats_by_hand():
@@ -123,13 +131,23 @@ def _run(tmp_path, tag, devices, strategy):
     L.seed_everything(0)
     model = WeightDriftModel(hidden=[16, 16], optimizer="sgd", lr=0.1)
     cbs = [_DumpDrift(str(tmp_path / f"drift_{tag}.json")), _DumpActs(str(tmp_path / f"acts_{tag}.json"))]
-    trainer = _trainer(cbs, 4, devices=devices, strategy=strategy, val_check_interval=4, limit_val_batches=2,
-                       num_sanity_val_steps=0)
+    trainer = _trainer(
+        cbs,
+        4,
+        devices=devices,
+        strategy=strategy,
+        val_check_interval=4,
+        limit_val_batches=2,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, _data())
-    return (json.loads((tmp_path / f"drift_{tag}.json").read_text()),
-            json.loads((tmp_path / f"acts_{tag}.json").read_text()))
+    return (
+        json.loads((tmp_path / f"drift_{tag}.json").read_text()),
+        json.loads((tmp_path / f"acts_{tag}.json").read_text()),
+    )
 
 
+@pytest.mark.slow  # ~17 s: two spawned processes import torch and Lightning
 def test_ddp_two_processes_equal_single_process(tmp_path):
     drift1, acts1 = _run(tmp_path, "single", 1, "auto")
     drift2, acts2 = _run(tmp_path, "ddp", 2, "ddp_spawn")

@@ -18,8 +18,14 @@ from modules.weight_drift import WeightDriftModel
 
 def _trainer(callbacks, max_steps, **kw):
     return L.Trainer(
-        callbacks=callbacks, max_steps=max_steps, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, accelerator="cpu",
+        callbacks=callbacks,
+        max_steps=max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        accelerator="cpu",
         **({"enable_checkpointing": False} | kw),
     )
 
@@ -36,10 +42,16 @@ def test_weight_stats_by_hand():
 @pytest.mark.parametrize(
     "net, expected",
     [
-        (nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)),
-         {"0": "other", "2": "downstream", "4": "symmetric"}),
-        (nn.Sequential(nn.Linear(3, 4), nn.Identity(), nn.Linear(4, 4), nn.SiLU(), nn.Dropout(0.5), nn.Linear(4, 2)),
-         {"0": "other", "2": "symmetric", "5": "downstream"}),
+        (
+            nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)),
+            {"0": "other", "2": "downstream", "4": "symmetric"},
+        ),
+        (
+            nn.Sequential(
+                nn.Linear(3, 4), nn.Identity(), nn.Linear(4, 4), nn.SiLU(), nn.Dropout(0.5), nn.Linear(4, 2)
+            ),
+            {"0": "other", "2": "symmetric", "5": "downstream"},
+        ),
     ],
 )
 def test_roles_hand_built(net, expected):
@@ -56,7 +68,9 @@ def test_roles_on_every_architecture():
     assert down == [f"blocks.{i}.mlp.proj" for i in range(3)]
     with InputSourceTracer(ViT()) as t:
         t.model(torch.rand(2, 1, 8, 8))
-    assert sorted(n for n, r in t.roles.items() if r == "downstream") == [f"blocks.{i}.mlp.proj" for i in range(3)]
+    assert sorted(n for n, r in t.roles.items() if r == "downstream") == [
+        f"blocks.{i}.mlp.proj" for i in range(3)
+    ]
     with InputSourceTracer(ResNet()) as t:
         t.model(torch.rand(2, 1, 8, 8))
     # every conv after the stem reads a ReLU output, and so does the classifier (through pool + flatten)
@@ -142,7 +156,9 @@ def test_resume_from_checkpoint_keeps_true_initialisation(tmp_path):
     last = cb.history[-1]
     assert last["step"] == 12 and [h["step"] for h in cb.history] == [0, 3, 6, 9, 12]
     w = resumed_model.net.layers[2].weight.detach().double()
-    assert last["net.layers.2/drift"] == pytest.approx((w - w0["net.layers.2"].double()).mean().item(), abs=1e-12)
+    assert last["net.layers.2/drift"] == pytest.approx(
+        (w - w0["net.layers.2"].double()).mean().item(), abs=1e-12
+    )
 
 
 def test_bad_arguments():

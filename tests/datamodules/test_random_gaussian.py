@@ -17,7 +17,9 @@ def test_shapes_and_determinism():
     again = RandomGaussianDataModule(in_dim=16, n_classes=4, train_size=500, val_size=100, test_size=50)
     again.setup()
     assert torch.equal(again.splits["val"][0], dm.splits["val"][0])
-    other = RandomGaussianDataModule(in_dim=16, n_classes=4, train_size=500, val_size=100, test_size=50, data_seed=1)
+    other = RandomGaussianDataModule(
+        in_dim=16, n_classes=4, train_size=500, val_size=100, test_size=50, data_seed=1
+    )
     other.setup()
     assert not torch.equal(other.splits["train"][0], x)
 

@@ -49,7 +49,9 @@ def test_val_documents_are_not_in_train():
     train_text = "".join(decode(r) for r in dm.splits["train"][0][:, :1].flatten().split(1))  # cheap probe
     train_windows = {decode(r) for r in dm.splits["train"][0][:2000]}
     val_windows = {decode(r) for r in dm.splits["val"][0][:500]}
-    assert train_text and len(train_windows & val_windows) <= 5  # boilerplate lines may repeat, documents don't
+    assert (
+        train_text and len(train_windows & val_windows) <= 5
+    )  # boilerplate lines may repeat, documents don't
 
 
 def test_hub_path_offline_names_the_embedded_default(monkeypatch):

@@ -23,11 +23,17 @@ def _gelu_grad_ref(x: float) -> float:
 _REFS = {
     "relu": (lambda x: max(x, 0.0), lambda x: 1.0 if x > 0 else 0.0),
     "gelu": (_gelu_ref, _gelu_grad_ref),
-    "silu": (lambda x: x / (1 + math.exp(-x)), lambda x: (1 / (1 + math.exp(-x))) * (1 + x * (1 - 1 / (1 + math.exp(-x))))),
+    "silu": (
+        lambda x: x / (1 + math.exp(-x)),
+        lambda x: (1 / (1 + math.exp(-x))) * (1 + x * (1 - 1 / (1 + math.exp(-x)))),
+    ),
     "tanh": (math.tanh, lambda x: 1 - math.tanh(x) ** 2),
     "identity": (lambda x: x, lambda x: 1.0),
     "relu2": (lambda x: max(x, 0.0) ** 2, lambda x: 2 * max(x, 0.0)),
-    "relu2_clip": (lambda x: min(max(x, 0.0) ** 2, 50.0), lambda x: 2 * max(x, 0.0) if max(x, 0) ** 2 < 50 else 0.0),
+    "relu2_clip": (
+        lambda x: min(max(x, 0.0) ** 2, 50.0),
+        lambda x: 2 * max(x, 0.0) if max(x, 0) ** 2 < 50 else 0.0,
+    ),
     "gelu2": (lambda x: _gelu_ref(x) ** 2, lambda x: 2 * _gelu_ref(x) * _gelu_grad_ref(x)),
     "gelu2_clip": (
         lambda x: min(_gelu_ref(x) ** 2, 50.0),
@@ -40,7 +46,21 @@ _POINTS = [-9.0, -3.3, -1.2, -0.4, 0.3, 1.1, 2.5, 6.9, 7.3, 11.0]
 
 
 def test_registry_complete():
-    assert set(activation_names()) == set(_REFS)
+    assert set(activation_names()) == set(_REFS) | {"quantile_relu"}
+
+
+@pytest.mark.parametrize("s", [0.0, 0.25, 0.7, 0.9])
+def test_quantile_relu_forces_sparsity(s):
+    x = torch.randn(50, 200, generator=torch.Generator().manual_seed(0))
+    y = get_activation("quantile_relu", sparsity=s)(x)
+    frac = (y == 0).double().mean(1)
+    assert (frac - s).abs().max() <= 1.5 / 200  # exactly s up to the quantile's interpolation
+    # brute force: the threshold is the per-row s-quantile of the sorted row (linear interpolation)
+    srt = x.sort(1).values
+    pos = s * 199
+    lo, hi = int(pos), min(int(pos) + 1, 199)
+    thr = srt[:, lo] + (pos - lo) * (srt[:, hi] - srt[:, lo])
+    assert torch.allclose(y, torch.relu(x - thr[:, None]), atol=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(_REFS))
@@ -68,11 +88,17 @@ def test_clip_value_configurable_and_validated():
         get_activation("swish9")
     with pytest.raises(ValueError, match="positive"):
         get_activation("gelu2_clip", clip=-1.0)
+    with pytest.raises(ValueError, match="only applies to quantile_relu"):
+        get_activation("relu", sparsity=0.5)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        get_activation("quantile_relu", sparsity=1.0)
 
 
 def test_positive_bias_flag():
     assert is_positively_biased(get_activation("gelu")) and is_positively_biased(get_activation("relu2_clip"))
-    assert not is_positively_biased(get_activation("tanh")) and not is_positively_biased(get_activation("identity"))
+    assert not is_positively_biased(get_activation("tanh")) and not is_positively_biased(
+        get_activation("identity")
+    )
 
 
 def test_tiny_gpt_shapes_names_and_causality():
@@ -111,3 +137,35 @@ def test_tiny_gpt_untied_and_trains():
         loss.backward()
         opt.step()
     assert loss.item() < 0.5 * first
+
+
+def test_resnet_and_vit_shapes_and_errors():
+    from modules.components.resnet import ResNet
+    from modules.components.vit import ViT
+
+    torch.manual_seed(0)
+    x = torch.rand(3, 1, 8, 8)
+    resnet = ResNet(widths=(4, 8, 16), blocks_per_stage=2, activation="gelu")
+    assert resnet(x).shape == (3, 10)
+    assert sum(isinstance(m, torch.nn.GELU) for m in resnet.modules()) == 1 + 3 * 2 * 2
+    assert ResNet(in_channels=3, num_classes=5)(torch.rand(2, 3, 32, 32)).shape == (2, 5)
+    vit = ViT(dim=12, heads=2, depth=2, activation="relu2_clip")
+    assert vit(x).shape == (3, 10)
+    assert not vit.blocks[0].attn.causal  # a ViT token sees every patch
+    with pytest.raises(ValueError, match="image_shape"):
+        resnet(torch.rand(3, 64))
+    with pytest.raises(ValueError, match="image_shape"):
+        vit(torch.rand(3, 64))
+    with pytest.raises(ValueError, match="divide"):
+        ViT(image_size=8, patch_size=3)
+
+
+def test_vit_attention_is_not_causal():
+    from modules.components.vit import ViT
+
+    torch.manual_seed(0)
+    vit = ViT(dim=12, heads=2, depth=1).eval()
+    x = torch.rand(1, 1, 8, 8)
+    x2 = x.clone()
+    x2[..., -2:, -2:] += 1.0  # the last patch: the [CLS] token (position 0) must still see it
+    assert (vit(x) - vit(x2)).abs().max() > 1e-5

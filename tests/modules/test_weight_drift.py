@@ -19,9 +19,16 @@ CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "weight_drif
 
 
 def _fit(model, dm, steps=2):
-    trainer = L.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=1, num_sanity_val_steps=0,
-                        accelerator="cpu")
+    trainer = L.Trainer(
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+    )
     trainer.fit(model, dm)
     trainer.validate(model, dm, verbose=False)
     return trainer
@@ -32,9 +39,16 @@ def _fit(model, dm, steps=2):
     [
         ("mlp", {"hidden": [8]}, lambda: RandomGaussianDataModule(train_size=64, val_size=32, test_size=32)),
         ("resnet", {"resnet_widths": [4, 8]}, lambda: DigitsDataModule(image_shape=True, batch_size=16)),
-        ("vit", {"vit_dim": 12, "vit_depth": 1, "vit_heads": 2}, lambda: DigitsDataModule(image_shape=True, batch_size=16)),
-        ("gpt", {"n_layer": 1, "n_embd": 12, "n_head": 2, "block_size": 16},
-         lambda: CharTextDataModule(block_size=16, max_chars=20_000, batch_size=8)),
+        (
+            "vit",
+            {"vit_dim": 12, "vit_depth": 1, "vit_heads": 2},
+            lambda: DigitsDataModule(image_shape=True, batch_size=16),
+        ),
+        (
+            "gpt",
+            {"n_layer": 1, "n_embd": 12, "n_head": 2, "block_size": 16},
+            lambda: CharTextDataModule(block_size=16, max_chars=20_000, batch_size=8),
+        ),
     ],
 )
 def test_every_architecture_trains(arch, kw, dm):
@@ -47,7 +61,8 @@ def test_every_architecture_trains(arch, kw, dm):
     assert "val/loss" in trainer.callback_metrics
     if arch == "gpt":
         assert trainer.callback_metrics["val/bpc"] == pytest.approx(
-            trainer.callback_metrics["val/loss"].item() / torch.log(torch.tensor(2.0)).item(), rel=1e-5)
+            trainer.callback_metrics["val/loss"].item() / torch.log(torch.tensor(2.0)).item(), rel=1e-5
+        )
 
 
 def test_losses_match_definitions():
@@ -62,13 +77,20 @@ def test_losses_match_definitions():
     gpt = WeightDriftModel(arch="gpt", n_layer=1, n_embd=12, n_head=2, block_size=8)
     lm_logits, lm_y = torch.randn(2, 8, 128), torch.randint(0, 128, (2, 8))
     assert gpt._loss(lm_logits, lm_y).item() == pytest.approx(
-        F.cross_entropy(lm_logits.reshape(-1, 128), lm_y.reshape(-1)).item())
+        F.cross_entropy(lm_logits.reshape(-1, 128), lm_y.reshape(-1)).item()
+    )
 
 
 @pytest.mark.parametrize(
     "kw, match",
-    [({"arch": "lstm"}, "arch"), ({"loss": "hinge"}, "loss"), ({"optimizer": "lion"}, "optimizer"),
-     ({"lr": 0.0}, "lr"), ({"activation": "swish9"}, "activation"), ({"init": "xavier"}, "init")],
+    [
+        ({"arch": "lstm"}, "arch"),
+        ({"loss": "hinge"}, "loss"),
+        ({"optimizer": "lion"}, "optimizer"),
+        ({"lr": 0.0}, "lr"),
+        ({"activation": "swish9"}, "activation"),
+        ({"init": "xavier"}, "init"),
+    ],
 )
 def test_bad_arguments(kw, match):
     with pytest.raises(ValueError, match=match):
