@@ -73,8 +73,9 @@ def estimator_bench(batch: int, seq: int, rounds: int) -> dict[str, float]:
 def fit_overhead(steps: int, every: int, rounds: int) -> dict[str, float]:
     """Wall time of a Lightning fit on the tiny GPT with and without the callback (interleaved)."""
     import lightning as L
-    from callbacks.gradient_variance import GradientVariance
     from torch.utils.data import DataLoader, TensorDataset
+
+    from callbacks.gradient_variance import GradientVariance
 
     class LM(L.LightningModule):
         def __init__(self) -> None:

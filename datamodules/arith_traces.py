@@ -1,14 +1,18 @@
-"""Procedural reasoning task for BVPO (paper 000-14): three digits in, their sum mod 10 out, with traces.
+"""Procedural reasoning task for BVPO (paper 000-14): three digits in, one digit out, with traces.
 
-Prompt x = (a, b, c), digits; answer y* = (a + b + c) mod 10; all 1000 prompts, split 800 / 100 / 100
+Prompt x = (a, b, c), digits; answer y* = a o b o c for a binary operation o: ``op="max"`` (default) or
+``op="sum_mod10"`` (the spec's (a + b + c) mod 10). Why max by default: from scratch, the tiny GPT sits on
+the chance plateau of modular addition for thousands of steps (grokking), while it learns max in about
+100 steps, and the estimator problem BVPO is about does not depend on the operation. All 1000 prompts,
+split 800 / 100 / 100
 (train / val / test, seeded). Vocabulary (18 tokens): digits 0-9, BOS, THINK, END_THINK, three pair
 tokens P_ab, P_ac, P_bc, EOS, PAD. Sequences:
   thinking     BOS a b c THINK P s1 END_THINK y EOS       (trace r = (P, s1): 3 x 10 = 30 traces)
   no thinking  BOS a b c THINK END_THINK y EOS            (empty trace, as chat templates do with
                                                            thinking disabled)
 Teacher (the SFT data, one fresh draw per training row): with prob. ``p_think`` a thinking sequence with
-P uniform, s1 = the chosen pair's sum mod 10 with prob. ``trace_acc`` else a uniformly wrong digit (a
-slip), y = (s1 + remaining digit) mod 10 (slips give wrong answers); otherwise a no-thinking sequence
+P uniform, s1 = a_i o a_j for the chosen pair with prob. ``trace_acc`` else a uniformly wrong digit (a
+slip), y = s1 o (remaining digit) (a slip can give a wrong answer); otherwise a no-thinking sequence
 whose y is correct with prob. ``nothink_acc`` else uniformly wrong. Traces are genuinely random and
 reasoning genuinely helps (0.8 vs 0.6 by default).
 
@@ -44,14 +48,25 @@ def prompt_ids(prompts: Tensor) -> Tensor:
     return prompts[:, 0] * 100 + prompts[:, 1] * 10 + prompts[:, 2]
 
 
-def answers(prompts: Tensor) -> Tensor:
-    return prompts.sum(1) % N_DIGITS
+OPS = {"max": torch.maximum, "sum_mod10": lambda u, v: (u + v) % N_DIGITS}
+
+
+def _op(op: str):
+    if op not in OPS:
+        raise ValueError(f"op must be one of {sorted(OPS)}, got {op!r}")
+    return OPS[op]
+
+
+def answers(prompts: Tensor, op: str = "max") -> Tensor:
+    """y* = a o b o c."""
+    f = _op(op)
+    return f(f(prompts[:, 0], prompts[:, 1]), prompts[:, 2])
 
 
 def thinking_seqs(prompts: Tensor, pair: Tensor, s1: Tensor, y: Tensor) -> Tensor:
     """``(N, 10)`` thinking sequences for pair index ``pair`` in 0..2, partial sum ``s1``, answer ``y``."""
     n = prompts.shape[0]
-    col = lambda v: torch.full((n, 1), v, dtype=torch.long)  # noqa: E731
+    col = lambda v: torch.full((n, 1), v, dtype=torch.long, device=prompts.device)  # noqa: E731
     return torch.cat([col(BOS), prompts, col(THINK), (P_AB + pair)[:, None], s1[:, None], col(END_THINK),
                       y[:, None], col(EOS)], 1)
 
@@ -59,7 +74,7 @@ def thinking_seqs(prompts: Tensor, pair: Tensor, s1: Tensor, y: Tensor) -> Tenso
 def nothink_seqs(prompts: Tensor, y: Tensor) -> Tensor:
     """``(N, 10)`` no-thinking sequences (padded with PAD after EOS)."""
     n = prompts.shape[0]
-    col = lambda v: torch.full((n, 1), v, dtype=torch.long)  # noqa: E731
+    col = lambda v: torch.full((n, 1), v, dtype=torch.long, device=prompts.device)  # noqa: E731
     tail = [col(THINK), col(END_THINK), y[:, None], col(EOS), col(PAD), col(PAD)]
     return torch.cat([col(BOS), prompts, *tail], 1)
 
@@ -70,17 +85,18 @@ def wrong_digit(y: Tensor, gen: torch.Generator) -> Tensor:
 
 
 def teacher_sequences(prompts: Tensor, gen: torch.Generator, p_think: float = 0.5, trace_acc: float = 0.8,
-                      nothink_acc: float = 0.6) -> Tensor:
+                      nothink_acc: float = 0.6, op: str = "max") -> Tensor:
     """One teacher draw per prompt (see the module docstring)."""
+    f = _op(op)
     n = prompts.shape[0]
     pair = torch.randint(0, 3, (n,), generator=gen)
     idx = torch.tensor(PAIRS)[pair]  # (n, 3): i, j, k
     pick = lambda col: prompts.gather(1, idx[:, col : col + 1]).squeeze(1)  # noqa: E731
-    s1_true = (pick(0) + pick(1)) % N_DIGITS
+    s1_true = f(pick(0), pick(1))
     slip = torch.rand(n, generator=gen) >= trace_acc
     s1 = torch.where(slip, wrong_digit(s1_true, gen), s1_true)
-    think = thinking_seqs(prompts, pair, s1, (s1 + pick(2)) % N_DIGITS)
-    y_star = answers(prompts)
+    think = thinking_seqs(prompts, pair, s1, f(s1, pick(2)))
+    y_star = answers(prompts, op)
     miss = torch.rand(n, generator=gen) >= nothink_acc
     plain = nothink_seqs(prompts, torch.where(miss, wrong_digit(y_star, gen), y_star))
     use_think = torch.rand(n, generator=gen) < p_think
@@ -98,6 +114,7 @@ class ArithTracesDataModule(TensorDataModule):
         p_think: teacher's probability of a thinking sequence.
         trace_acc: probability that the teacher's partial sum s1 is right (a slip makes y wrong).
         nothink_acc: probability that the teacher's no-thinking answer is right.
+        op: the operation o, "max" or "sum_mod10".
     """
 
     dataset_name = "arith_traces"
@@ -111,6 +128,7 @@ class ArithTracesDataModule(TensorDataModule):
         p_think: float = 0.5,
         trace_acc: float = 0.8,
         nothink_acc: float = 0.6,
+        op: str = "max",
     ) -> None:
         super().__init__(batch_size, eval_batch_size, seed)
         if copies < 1:
@@ -118,6 +136,8 @@ class ArithTracesDataModule(TensorDataModule):
         for name, p in (("p_think", p_think), ("trace_acc", trace_acc), ("nothink_acc", nothink_acc)):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} is a probability in [0, 1], got {p}")
+        _op(op)
+        self.op = op
         self.copies = copies
         self.p_think, self.trace_acc, self.nothink_acc = p_think, trace_acc, nothink_acc
 
@@ -129,8 +149,8 @@ class ArithTracesDataModule(TensorDataModule):
         parts = (("train", train_idx, self.copies), ("val", val_idx, 1), ("test", test_idx, 1))
         for name, idx, reps in parts:
             p = prompts[idx.sort().values].repeat(reps, 1)
-            y = answers(p)
-            seq = teacher_sequences(p, gen, self.p_think, self.trace_acc, self.nothink_acc)
+            y = answers(p, self.op)
+            seq = teacher_sequences(p, gen, self.p_think, self.trace_acc, self.nothink_acc, self.op)
             rows = torch.arange(offset, offset + p.shape[0])
             offset += p.shape[0]
             out[name] = (p, y, seq, wrong_digit(y, gen), rows)

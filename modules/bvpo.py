@@ -83,6 +83,42 @@ def nothink_logp(logits: Tensor, seqs: Tensor) -> Tensor:
     return logits[:, 5, :N_DIGITS].log_softmax(-1).gather(1, seqs[:, 6, None].clamp(0, 9)).squeeze(1)
 
 
+def mse_alpha(alpha: float | Tensor, g_t: Tensor, g_e: Tensor, g_star: Tensor) -> Tensor:
+    """MSE(alpha) = alpha^2 V_t + |alpha d_t + (1 - alpha) d_e|^2 from K trace draws ``g_t`` (K, P).
+
+    E[g_t] and V_t come from the K draws; |alpha (m_t - g*) + (1 - alpha) d_e|^2 overestimates the
+    squared bias by alpha^2 V_t / K, which is subtracted (so the estimate is unbiased).
+    """
+    k = g_t.shape[0]
+    m_t = g_t.mean(0)
+    v_t = (g_t - m_t).pow(2).sum(1).sum() / (k - 1)
+    bias = (alpha * (m_t - g_star) + (1 - alpha) * (g_e - g_star)).pow(2).sum() - alpha**2 * v_t / k
+    return alpha**2 * v_t + bias
+
+
+def bias_variance(g_t: Tensor, g_e: Tensor, g_star: Tensor) -> dict[str, Tensor]:
+    """V_t, |d_t|^2, |d_e|^2, alpha* = argmin_[0,1] MSE(alpha) and MSE at 0, 1/2, 1, alpha*.
+
+    MSE is quadratic in alpha:
+        MSE(alpha) = alpha^2 (V_t + |d_t - d_e|^2) - 2 alpha <d_e, d_e - d_t> + |d_e|^2,
+    hence alpha* = <d_e, d_e - d_t> / (V_t + |d_t - d_e|^2), clipped to [0, 1].
+    """
+    k = g_t.shape[0]
+    m_t = g_t.mean(0)
+    v_t = (g_t - m_t).pow(2).sum(1).sum() / (k - 1)
+    d_e = g_e - g_star
+    curvature = v_t + (m_t - g_e).pow(2).sum() - v_t / k  # V_t + |d_t - d_e|^2, unbiased
+    alpha_star = (d_e @ (g_e - m_t) / curvature.clamp_min(1e-30)).clamp(0.0, 1.0)
+    return {
+        "V_t": v_t,
+        "bias_t_sq": (m_t - g_star).pow(2).sum() - v_t / k,
+        "bias_e_sq": d_e.pow(2).sum(),
+        "alpha_star": alpha_star,
+        **{f"mse_alpha{n}": mse_alpha(a, g_t, g_e, g_star) for n, a in (("0", 0), ("_half", 0.5), ("1", 1))},
+        "mse_alpha_star": mse_alpha(alpha_star, g_t, g_e, g_star),
+    }
+
+
 class BVPOModule(L.LightningModule):
     """SFT then BVPO on the tiny GPT for the arithmetic-trace task (see the module docstring).
 
@@ -112,9 +148,9 @@ class BVPOModule(L.LightningModule):
         n_head: int = 3,
         n_embd: int = 48,
         dropout: float = 0.0,
-        sft_steps: int = 1500,
+        sft_steps: int = 500,
         sft_lr: float = 3e-3,
-        dpo_lr: float = 3e-4,
+        dpo_lr: float = 1e-4,
         beta: float = 0.1,
         alpha: float | str = 0.5,
         probe_every: int = 50,
@@ -136,7 +172,7 @@ class BVPOModule(L.LightningModule):
         if sft_steps < 0 or beta <= 0 or trace_resamples < 2 or probe_prompts < 1:
             raise ValueError("need sft_steps >= 0, beta > 0, trace_resamples >= 2 and probe_prompts >= 1")
         if sft_steps == 0 and init_ckpt is None:
-            raise ValueError("sft_steps=0 needs init_ckpt (an SFT policy): DPO from a random policy is pointless")
+            raise ValueError("sft_steps=0 needs init_ckpt (an SFT policy): DPO from a random policy is moot")
         self.gpt = TinyGPT(VOCAB_SIZE, SEQ_LEN, n_layer, n_head, n_embd, "gelu", 4, dropout, False, True)
         if init_ckpt is not None:
             self._load_policy(init_ckpt)
@@ -149,9 +185,10 @@ class BVPOModule(L.LightningModule):
         names = ("em_marginal", "em_think", "em_nothink")
         self.acc = nn.ModuleDict({f"{s}_{n}": MulticlassAccuracy(N_DIGITS, average="micro")
                                   for s in ("val", "test") for n in names})
-        means = ("pref_acc", "pref_acc_nothink", "dpo_loss_marginal")
+        means = ("pref_acc", "pref_acc_nothink", "dpo_loss_marginal", "p_correct", "p_correct_nothink")
         self.means = nn.ModuleDict({f"{s}_{n}": MeanMetric() for s in ("val", "test") for n in means})
         self.train_loss = MeanMetric()
+        self.probe_log: list[dict[str, float]] = []  # every probe's statistics, for scripts
 
     def _load_policy(self, path: str) -> None:
         if not Path(path).is_file():
@@ -164,7 +201,8 @@ class BVPOModule(L.LightningModule):
     # --- the policy's log-probabilities ---------------------------------------------------------------------
     @property
     def alpha(self) -> float:
-        return float(self.alpha_est)
+        a = self.hparams.alpha
+        return float(self.alpha_est) if a == "auto" else float(a)
 
     @property
     def in_dpo(self) -> bool:
@@ -177,8 +215,7 @@ class BVPOModule(L.LightningModule):
         """log pi(r, y|x) (N, 30, 10), log pi(P|x) (N, 3), log pi(s1|x, P) (N, 3, 10); r = 10 P + s1."""
         n = prompts.shape[0]
         r = torch.arange(N_TRACES, device=prompts.device).repeat(n)
-        seqs = thinking_seqs(prompts.repeat_interleave(N_TRACES, 0).cpu(), (r // 10).cpu(), (r % 10).cpu(),
-                             torch.zeros_like(r).cpu()).to(prompts.device)
+        seqs = thinking_seqs(prompts.repeat_interleave(N_TRACES, 0), r // 10, r % 10, torch.zeros_like(r))
         lg = self.logits(seqs)
         lp_pair = lg[:, 4, P_AB : P_AB + 3].log_softmax(-1)
         lp_s1 = lg[:, 5, :N_DIGITS].log_softmax(-1)
@@ -188,7 +225,7 @@ class BVPOModule(L.LightningModule):
 
     def nothink_all(self, prompts: Tensor) -> Tensor:
         """log pi(y | x, empty trace) for all answers, (N, 10)."""
-        seqs = nothink_seqs(prompts.cpu(), torch.zeros(prompts.shape[0], dtype=torch.long)).to(prompts.device)
+        seqs = nothink_seqs(prompts, torch.zeros_like(prompts[:, 0]))
         return self.logits(seqs)[:, 5, :N_DIGITS].log_softmax(-1)
 
     @torch.no_grad()
@@ -198,8 +235,8 @@ class BVPOModule(L.LightningModule):
         self.eval()
         prompts = all_prompts().to(self.device)
         for chunk in torch.arange(1000, device=self.device).split(200):
-            self.ref_joint[chunk] = self.enumerate_traces(prompts[chunk])[0].float()
-            self.ref_nothink[chunk] = self.nothink_all(prompts[chunk]).float()
+            self.ref_joint[chunk] = self.enumerate_traces(prompts[chunk])[0].to(self.ref_joint.dtype)
+            self.ref_nothink[chunk] = self.nothink_all(prompts[chunk]).to(self.ref_nothink.dtype)
         self.ref_ready.fill_(True)
         self.train(was)
 
@@ -224,13 +261,12 @@ class BVPOModule(L.LightningModule):
         pid = prompt_ids(prompts)
         r_pos = self.sample_traces(pid, y_pos, rows, 0, draw)
         r_neg = self.sample_traces(pid, y_neg, rows, 1, draw)
-        p, dev = prompts.cpu(), prompts.device
         seqs = torch.stack([
-            thinking_seqs(p, (r_pos // 10).cpu(), (r_pos % 10).cpu(), y_pos.cpu()),
-            thinking_seqs(p, (r_neg // 10).cpu(), (r_neg % 10).cpu(), y_neg.cpu()),
-            nothink_seqs(p, y_pos.cpu()),
-            nothink_seqs(p, y_neg.cpu()),
-        ], 1).to(dev)  # (B, 4, 10), sample-major rows so that per-sample hooks see B groups
+            thinking_seqs(prompts, r_pos // 10, r_pos % 10, y_pos),
+            thinking_seqs(prompts, r_neg // 10, r_neg % 10, y_neg),
+            nothink_seqs(prompts, y_pos),
+            nothink_seqs(prompts, y_neg),
+        ], 1)  # (B, 4, 10), sample-major rows so that per-sample hooks see B groups
         b = seqs.shape[0]
         lg = self.logits(seqs.reshape(4 * b, SEQ_LEN)).reshape(b, 4, SEQ_LEN - 1, -1)
         beta = self.hparams.beta
@@ -269,8 +305,8 @@ class BVPOModule(L.LightningModule):
     def probe(self, batch: Any) -> dict[str, float]:
         """V_t, |d_t|^2, |d_e|^2, alpha* and MSE(alpha) on ``probe_prompts`` pairs of ``batch``.
 
-        Gradients are of the mean loss over the probe pairs: g* exact (marginal), g_e exact, g_t from K
-        trace draws; |m_t - g*|^2 overestimates |d_t|^2 by V_t / K, which is subtracted.
+        Gradients are of the mean loss over the probe pairs: g* exact (marginal), g_e exact (the empty
+        branch has no randomness), g_t from K trace draws (see ``bias_variance``).
         """
         k_draws = self.hparams.trace_resamples
         sub = tuple(t[: self.hparams.probe_prompts] for t in batch)
@@ -284,25 +320,11 @@ class BVPOModule(L.LightningModule):
             g_e = flat(self.dpo_losses(sub)["empty"].mean())
             draws = [self.dpo_losses(sub, draw=1 + k)["trace"].mean() for k in range(k_draws)]
             g_t = torch.stack([flat(loss) for loss in draws])
-        m_t = g_t.mean(0)
-        v_t = (g_t - m_t).pow(2).sum(1).mean() * k_draws / (k_draws - 1)
-        d_e = g_e - g_star
-        dt_minus_de = max((m_t - g_e).pow(2).sum().item() - v_t.item() / k_draws, 0.0)
-        alpha_star = min(max((d_e @ (g_e - m_t)).item() / (v_t.item() + dt_minus_de + 1e-30), 0.0), 1.0)
-
-        def mse(a: float) -> float:
-            bias = (a * (m_t - g_star) + (1 - a) * d_e).pow(2).sum().item() - a * a * v_t.item() / k_draws
-            return a * a * v_t.item() + max(bias, 0.0)
-
-        bias_t_sq = max((m_t - g_star).pow(2).sum().item() - v_t.item() / k_draws, 0.0)
-        out = {"V_t": v_t.item(), "bias_t_sq": bias_t_sq,
-               "bias_e_sq": d_e.pow(2).sum().item(), "alpha_star": alpha_star, "mse_alpha0": mse(0.0),
-               "mse_alpha_half": mse(0.5), "mse_alpha1": mse(1.0), "mse_alpha_star": mse(alpha_star)}
+        out = bias_variance(g_t, g_e, g_star)
         trainer = self._trainer
         if trainer is not None and trainer.world_size > 1:  # one alpha for all ranks
-            mean = trainer.strategy.reduce(torch.tensor(alpha_star, device=self.device), reduce_op="mean")
-            out["alpha_star"] = float(mean)
-        return out
+            out["alpha_star"] = trainer.strategy.reduce(out["alpha_star"].to(self.device), reduce_op="mean")
+        return {k: float(v) for k, v in out.items()}
 
     # --- Lightning ---------------------------------------------------------------------------------
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -322,6 +344,7 @@ class BVPOModule(L.LightningModule):
                 self.alpha_est.fill_(ema * self.alpha + (1 - ema) * stats["alpha_star"])
                 self.alpha_probed.fill_(True)
             stats["alpha"] = self.alpha
+            self.probe_log.append({"step": self.global_step, **stats})
             self.log_dict({f"diag/bvpo/{k}": v for k, v in stats.items()}, on_step=True, on_epoch=False)
         loss = self.per_sample_loss(batch).mean()
         self.train_loss(loss.detach())
@@ -348,6 +371,9 @@ class BVPOModule(L.LightningModule):
         self.means[f"{stage}_pref_acc"]((margin > 0).float())
         self.means[f"{stage}_pref_acc_nothink"]((margin_n > 0).float())
         self.means[f"{stage}_dpo_loss_marginal"](-F.logsigmoid(self.hparams.beta * margin))
+        # the accuracy of a sampled answer: pi(y*|x) (marginal over traces) and pi(y*|x, empty)
+        self.means[f"{stage}_p_correct"](marg[idx, y_pos].exp())
+        self.means[f"{stage}_p_correct_nothink"](nothink[idx, y_pos].exp())
         for key, metric in list(self.acc.items()) + list(self.means.items()):
             if key.startswith(stage + "_"):
                 self.log(f"{stage}/{key[len(stage) + 1:]}", metric, on_step=False, on_epoch=True)

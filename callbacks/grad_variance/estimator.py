@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from callbacks.grad_variance.hooks import hook_modules, hook_stats, probe_batched
+from callbacks.grad_variance.hooks import Layout, hook_modules, hook_stats, probe_batched
 from callbacks.grad_variance.per_sample import (
     PerSampleLoss,
     batch_size,
@@ -89,22 +89,22 @@ class GradientVarianceEstimator:
         self.ghost = ghost
         self.vmap_chunk_size = vmap_chunk_size
         self.chosen: str | None = None if method == "auto" else method
-        self._batched: dict[int, bool] | None = None
+        self._layout: Layout | None = None
 
     def _choose(self, model: nn.Module, fn: PerSampleLoss, batch: Any) -> str:
         n = batch_size(batch)
         two = slice_batch(batch, slice(0, 2), n)
         with _eval_mode(model):
             if hook_modules(model) is not None:
-                batched = probe_batched(model, fn, batch)
-                if batched is not None:
+                layout = probe_batched(model, fn, batch)
+                if layout is not None:
                     try:
-                        ok = _agree(hook_stats(model, fn, two, batched), loop_stats(model, fn, two), 1e-3)
+                        ok = _agree(hook_stats(model, fn, two, layout), loop_stats(model, fn, two), 1e-3)
                     except Exception as err:  # noqa: BLE001 - any failure means: use the reference
                         log.warning("gradient variance: hook fast path failed (%s); trying vmap", err)
                         ok = False
                     if ok:
-                        self._batched = batched
+                        self._layout = layout
                         return "hooks"
                     log.warning("gradient variance: hook fast path disagrees with the loop; trying vmap")
             try:
@@ -118,13 +118,20 @@ class GradientVarianceEstimator:
         """The additive sufficient statistics (sum over ranks before ``finalize``)."""
         if batch_size(batch) < 2 and self.chosen in (None, "hooks"):
             raise ValueError("the gradient variance needs a batch of at least 2 samples")
+        if self.chosen == "hooks":
+            # the layout (rows per sample, broadcast layers) is re-probed every call on 1 and 2 samples:
+            # cheap, and a loss whose layout changed (SFT -> DPO) is checked against the loop again
+            layout = probe_batched(model, per_sample_loss, batch)
+            if layout is None or (self.method == "auto" and layout != self._layout):
+                self.chosen = None if self.method == "auto" else "hooks"
+            self._layout = layout
         if self.chosen is None:
             self.chosen = self._choose(model, per_sample_loss, batch)
             log.info("gradient variance: using the %r method for %s", self.chosen, type(model).__name__)
         if self.chosen == "hooks":
-            if self._batched is None:
-                self._batched = probe_batched(model, per_sample_loss, batch) or {}
-            return hook_stats(model, per_sample_loss, batch, self._batched, self.ghost)
+            if self._layout is None:
+                raise ValueError("the hook fast path cannot follow this batch layout; use method='vmap'")
+            return hook_stats(model, per_sample_loss, batch, self._layout, self.ghost)
         if self.chosen == "vmap":
             return vmap_stats(model, per_sample_loss, batch, self.vmap_chunk_size)
         return loop_stats(model, per_sample_loss, batch)

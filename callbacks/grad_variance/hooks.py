@@ -46,26 +46,29 @@ def hook_modules(model: nn.Module) -> list[nn.Module] | None:
     return mods
 
 
-def probe_batched(model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) -> dict[int, bool] | None:
-    """For each hooked layer, whether its calls carry the samples along the leading dimension.
+Layout = dict[int, tuple[bool, int]]
 
-    Checked on sub-batches of 1 and 2 samples: a batched call has k and 2k rows (k rows per sample, which
-    must be sample-major, row = i * k + j, as ``reshape(n, k, ...)`` reads them: the one-time check
-    against the loop catches any other order); a call without the batch dimension has the same leading
-    size both times. Returns None for anything else.
+
+def probe_batched(model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) -> Layout | None:
+    """For each hooked layer: (batched, k), from forward passes on sub-batches of 1 and 2 samples.
+
+    A batched call has k and 2k rows: k rows per sample, which must be sample-major (row = i * k + j,
+    as ``reshape(n, k, ...)`` reads them; the one-time check against the loop catches any other order).
+    A call without the batch dimension (a positional embedding of ``arange(T)``) has the same leading
+    size both times; its output is broadcast against the rows of the batched call before it, k per
+    sample, so the fast path expands it to k * n rows. Returns None for anything else.
     """
     from callbacks.grad_variance.per_sample import slice_batch
 
     mods = hook_modules(model) or []
     n = batch_size(batch)
-    seen: dict[int, list[list[int]]] = {}
+    calls: list[list[tuple[int, int]]] = [[], []]
     for size in (1, 2):
         handles = []
         for m in mods:
 
             def rec(mod: nn.Module, inp: tuple, out: Tensor, size: int = size) -> None:
-                calls = seen.setdefault(id(mod), [[], []])
-                calls[size - 1].append(out.shape[0] if out.dim() > 0 else 0)
+                calls[size - 1].append((id(mod), out.shape[0] if out.dim() > 0 else 0))
 
             handles.append(m.register_forward_hook(rec))
         try:
@@ -74,14 +77,20 @@ def probe_batched(model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) 
         finally:
             for h in handles:
                 h.remove()
-    out = {}
-    for k, (one, two) in seen.items():
-        if len(one) != len(two):
+    if [c[0] for c in calls[0]] != [c[0] for c in calls[1]]:
+        return None
+    out: Layout = {}
+    k_prev = 1
+    for (mid, a), (_, b) in zip(*calls):
+        if b == 2 * a and a > 0:
+            layout = (True, a)
+            k_prev = a
+        elif b == a:
+            layout = (False, k_prev)
+        else:
             return None
-        flags = {b == 2 * a and a > 0 if b != a else False for a, b in zip(one, two)}
-        if any(b not in (a, 2 * a) for a, b in zip(one, two)) or len(flags) > 1:
+        if out.setdefault(mid, layout) != layout:
             return None
-        out[k] = flags.pop()
     return out
 
 
@@ -124,7 +133,7 @@ def hook_stats(
     model: nn.Module,
     per_sample_loss: PerSampleLoss,
     batch: Any,
-    batched: dict[int, bool],
+    batched: Layout,
     ghost: str = "auto",
     max_materialize_bytes: int = 256 * 2**20,
 ) -> GradStats:
@@ -148,8 +157,9 @@ def hook_stats(
         if not out.requires_grad:
             return None
         a = inp[0]
-        if not batched.get(id(mod), True):
-            a, out = a.expand(n, *a.shape), out.expand(n, *out.shape)
+        is_batched, k = batched.get(id(mod), (True, 1))
+        if not is_batched:
+            a, out = a.expand(k * n, *a.shape), out.expand(k * n, *out.shape)
             records.append((mod, a, out))
             return out
         records.append((mod, a, out))
