@@ -1,0 +1,342 @@
+"""``python main.py sweep ...`` and ``python main.py compare ...`` (``main.py`` hands argv over as is).
+
+Exit codes of ``sweep``: 0 every point done; k in 1..100: k points failed (capped at 100); 101: nothing ran
+(invalid sweep file or arguments, message on stderr); 130: interrupted (re-run the same command to resume).
+``compare``: 0, or 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from sweeps.spec import SweepError
+
+EXIT_BAD_INPUT = 101
+EXIT_INTERRUPTED = 130
+MAX_FAILED_CODE = 100
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise SweepError(message)
+
+
+def sweep_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python main.py sweep",
+        description="Run every point of a sweep file as a child MLflow run "
+        "of one parent run (docs/sweeps.md).",
+    )
+    p.add_argument(
+        "--config", required=True, help="the sweep file, e.g. configs/mlp_classifier/activation_sweep.yaml"
+    )
+    p.add_argument(
+        "--workers", type=int, default=1, help="points run at once, each in its own process (default 1)"
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the points (and their state) and the commands; run nothing",
+    )
+    p.add_argument(
+        "--point",
+        type=int,
+        action="append",
+        metavar="I",
+        help="run only point I (repeatable); what each SLURM array task does",
+    )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the points in this process (no interpreter start-up; for tests and quick looks)",
+    )
+    p.add_argument(
+        "--launcher",
+        choices=("local", "slurm", "torchrun"),
+        default="local",
+        help="local processes (default), a SLURM array job, or torchrun per point",
+    )
+    p.add_argument(
+        "--nodes", type=int, default=1, help="nodes per point (multi-node runs: slurm or torchrun)"
+    )
+    p.add_argument(
+        "--devices-per-node", type=int, default=1, help="processes (GPUs) per node for every point"
+    )
+    p.add_argument(
+        "--strategy", default=None, help="trainer strategy when a point spans several processes (default ddp)"
+    )
+    p.add_argument("--max-parallel", type=int, default=None, help="SLURM: array tasks running at once (%%N)")
+    p.add_argument(
+        "--slurm-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an #SBATCH line, e.g. partition=gpu, time=04:00:00, gpus-per-node=1 (repeatable)",
+    )
+    p.add_argument(
+        "--slurm-setup",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="a shell line run before each task, e.g. 'source .venv/bin/activate' (repeatable)",
+    )
+    p.add_argument("--script", default=None, help="SLURM: where to write the sbatch script")
+    p.add_argument("--submit", action="store_true", help="SLURM: submit the script with sbatch")
+    p.add_argument(
+        "--exec-prefix",
+        default=None,
+        help="command put before `python main.py` for every point "
+        "(the SLURM script uses `srun` for multi-process points)",
+    )
+    return p
+
+
+def compare_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python main.py compare", description="Compare MLflow runs over seeds: table, figure, CSV."
+    )
+    p.add_argument(
+        "--experiment", required=True, help="MLflow experiment (the method name, e.g. mlp_classifier)"
+    )
+    p.add_argument(
+        "--sweep", default=None, help="a sweep's name or parent run id (default: every run of the experiment)"
+    )
+    p.add_argument("--metric", required=True, help="the metric compared, e.g. test/acc")
+    p.add_argument(
+        "--by",
+        action="append",
+        default=[],
+        help="group by this param (repeatable); "
+        "'model.activation' finds model.init_args.activation, 'seed' finds seed_everything",
+    )
+    p.add_argument(
+        "--x", default=None, help="scatter the metric against this metric or numeric param (Spearman rho)"
+    )
+    p.add_argument(
+        "--mode", choices=("max", "min"), default=None, help="which is best (default: min for losses/errors)"
+    )
+    p.add_argument("--out", default=None, help="output folder (default compare/<experiment>[/<sweep>])")
+    p.add_argument(
+        "--no-log", action="store_true", help="do not log the figure and CSVs to the sweep's parent run"
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: ``argv[0]`` is ``sweep`` or ``compare``."""
+    command, rest = (argv[0], list(argv[1:])) if argv else ("", [])
+    if command == "sweep":
+        return _guard(sweep_main, rest, EXIT_BAD_INPUT)
+    if command == "compare":
+        return _guard(compare_main, rest, 2)
+    print("usage: python main.py {sweep,compare} ...", file=sys.stderr)
+    return 2
+
+
+def _guard(fn, argv: list[str], bad_input: int) -> int:
+    from callbacks.mlflow_logger import TrackingServerUnreachable
+
+    try:
+        return fn(argv)
+    except SystemExit as exit_:  # --help
+        return exit_.code if isinstance(exit_.code, int) else 0
+    except (SweepError, TrackingServerUnreachable) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return bad_input
+
+
+def _plan(args: argparse.Namespace):
+    from callbacks.mlflow_logger import tracking_uri
+    from sweeps.launchers import trainer_args
+    from sweeps.runner import SweepPlan
+    from sweeps.spec import checkpoint_root, expand, experiment_of, load_sweep, validate
+
+    spec = load_sweep(args.config)
+    points = expand(spec)
+    resolved = validate(spec, points)
+    extra = trainer_args(args.nodes, args.devices_per_node, args.strategy)
+    return SweepPlan(
+        spec=spec,
+        points=points,
+        experiment=experiment_of(resolved, spec.overrides),
+        checkpoint_root=checkpoint_root(resolved, spec.overrides),
+        tracking_uri=tracking_uri(),
+        extra_args=extra,
+    )
+
+
+def sweep_main(argv: list[str]) -> int:
+    from callbacks.mlflow_logger import check_tracking_server
+    from sweeps import launchers
+    from sweeps.runner import (
+        InProcess,
+        Subprocesses,
+        SweepRunner,
+        client_for,
+        dry_run_table,
+        ensure_parent,
+        find_parent,
+    )
+
+    args = sweep_parser().parse_args(argv)
+    if args.workers < 1:
+        raise SweepError(f"--workers must be at least 1, got {args.workers}")
+    if args.in_process and (args.workers > 1 or args.launcher != "local" or args.exec_prefix):
+        raise SweepError("--in-process runs one point at a time in this process: drop --workers/--launcher")
+    plan = _plan(args)
+    n = len(plan.points)
+    only = sorted(set(args.point)) if args.point else None
+    if only and not all(0 <= i < n for i in only):
+        raise SweepError(f"--point must lie in 0..{n - 1} for this sweep of {n} point(s), got {only}")
+    if args.nodes > 1 and args.launcher == "local" and not args.exec_prefix:
+        raise SweepError(
+            "a point on several nodes needs a cluster launcher: --launcher slurm or --launcher torchrun"
+        )
+
+    if args.dry_run:
+        client = parent = None
+        if _store_exists(plan.tracking_uri):
+            check_tracking_server(plan.tracking_uri)
+            client = client_for(plan.tracking_uri)
+            parent = find_parent(client, plan.experiment, plan.spec.name)
+        print("\n".join(dry_run_table(plan, parent, client)))
+        parent_id = parent.info.run_id if parent is not None else "<parent run id>"
+        _print_commands(args, plan, parent_id, only)
+        return 0
+
+    check_tracking_server(plan.tracking_uri)
+    if args.launcher == "slurm":
+        script = _write_slurm(args, plan)
+        parent_id = ensure_parent(client_for(plan.tracking_uri), plan)
+        print(f"sweep {plan.spec.name}: {n} point(s), parent run {parent_id}\nwrote {script}")
+        if args.submit:
+            if not launchers.sbatch_available():
+                raise SweepError("sbatch is not on PATH: submit the script from a SLURM login node")
+            return subprocess.run(["sbatch", str(script)], check=False).returncode
+        print(f"submit it with: sbatch {script}")
+        return 0
+    if args.launcher == "torchrun" and args.nodes > 1:
+        raise SweepError(
+            "a multi-node torchrun point is started on every node: run with --dry-run and start the "
+            "printed command on each node (NODE_RANK=0..N-1, same MASTER_ADDR), or use --launcher slurm"
+        )
+
+    if args.in_process:
+        executor = InProcess()
+    else:
+        prefix = shlex.split(args.exec_prefix) if args.exec_prefix else []
+        if args.launcher == "torchrun":
+            prefix = launchers.torchrun_prefix(1, args.devices_per_node)
+        executor = Subprocesses(prefix)
+    runner = SweepRunner(plan, executor, workers=args.workers)
+    outcomes = runner.run(only)
+    failed = [o for o in outcomes if o.status == "FAILED"]
+    killed = [o for o in outcomes if o.status == "KILLED"]
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("FINISHED", "SKIPPED", "FAILED", "KILLED")}
+    print(
+        f"sweep {plan.spec.name}: "
+        + ", ".join(f"{v} {k.lower()}" for k, v in counts.items() if v)
+        + f"; parent run {runner.parent_id}"
+    )
+    for o in failed:
+        print(f"  FAILED {o.point.run_name}: {o.message}; log: {plan.log_dir / (o.point.run_name + '.log')}")
+    if killed:
+        return EXIT_INTERRUPTED
+    return min(len(failed), MAX_FAILED_CODE)
+
+
+def _store_exists(uri: str) -> bool:
+    """A dry run must not create an empty sqlite store (and wait for its migrations) just to read it."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///") :]).is_file()
+    return True
+
+
+def _print_commands(args: argparse.Namespace, plan, parent_id: str, only: list[int] | None) -> None:
+    from sweeps import launchers
+
+    points = [p for p in plan.points if only is None or p.index in only]
+    if args.launcher == "slurm":
+        path = Path(args.script) if args.script else plan.log_dir / f"{plan.spec.name}.sbatch"
+        print(f"\n# {path} (not written: --dry-run)")
+        print(
+            launchers.slurm_script(
+                sweep_file=plan.spec.path,
+                name=plan.spec.name,
+                n_points=len(plan.points),
+                tracking_uri=plan.tracking_uri,
+                log_dir=plan.log_dir,
+                max_parallel=args.max_parallel,
+                nodes=args.nodes,
+                devices=args.devices_per_node,
+                options=args.slurm_option,
+                setup=args.slurm_setup,
+            )
+        )
+        return
+    print("\n# commands, one point after the other:")
+    for p in points:
+        steps = [plan.fit_args(p, parent_id)] + ([plan.test_args(p)] if plan.spec.test else [])
+        if args.launcher == "torchrun":
+            lines = launchers.torchrun_commands(steps, args.nodes, args.devices_per_node)
+        else:
+            prefix = (args.exec_prefix + " ") if args.exec_prefix else ""
+            lines = [f"{prefix}python main.py {shlex.join(s)}" for s in steps]
+        print(f"# point {p.index}: {p.run_name}")
+        print("\n".join(lines))
+    if args.launcher == "torchrun" and args.nodes > 1:
+        print(
+            f"# start each line on all {args.nodes} nodes with NODE_RANK=0..{args.nodes - 1} and the same "
+            "MASTER_ADDR (the address of node 0) and MASTER_PORT"
+        )
+
+
+def _write_slurm(args: argparse.Namespace, plan) -> Path:
+    from sweeps import launchers
+
+    path = Path(args.script) if args.script else plan.log_dir / f"{plan.spec.name}.sbatch"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plan.log_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        launchers.slurm_script(
+            sweep_file=plan.spec.path,
+            name=plan.spec.name,
+            n_points=len(plan.points),
+            tracking_uri=plan.tracking_uri,
+            log_dir=plan.log_dir,
+            max_parallel=args.max_parallel,
+            nodes=args.nodes,
+            devices=args.devices_per_node,
+            options=args.slurm_option,
+            setup=args.slurm_setup,
+        )
+    )
+    path.chmod(0o755)
+    return path
+
+
+def compare_main(argv: list[str]) -> int:
+    from callbacks.mlflow_logger import check_tracking_server, tracking_uri
+    from sweeps.compare import compare, slug, table, write_outputs
+    from sweeps.runner import client_for
+
+    args = compare_parser().parse_args(argv)
+    uri = tracking_uri()
+    if not _store_exists(uri):
+        raise SweepError(f"no MLflow store at {uri}: run something first, or set MLFLOW_TRACKING_URI")
+    check_tracking_server(uri)
+    client = client_for(uri)
+    result = compare(
+        client, args.experiment, args.metric, by=args.by, sweep=args.sweep, x=args.x, mode=args.mode
+    )
+    print(table(result))
+    out = Path(args.out) if args.out else Path("compare") / slug(args.experiment) / slug(args.sweep or "all")
+    files = write_outputs(client, result, out, log_to_parent=not args.no_log)
+    print("wrote " + ", ".join(str(p) for p in files.values()))
+    if result.parent_id and not args.no_log:
+        print(f"logged to the sweep's parent run {result.parent_id} under compare/")
+    return 0

@@ -1,0 +1,527 @@
+"""Run the points of a sweep: one parent MLflow run, one child run per point, resumable and failure-isolated.
+
+Every point is a normal ``python main.py fit`` (then ``test --ckpt_path best``) with the point's overrides,
+``--run.name <sweep>-<point>-s<seed>`` and ``--run.parent_run_id <parent>``. Progress is kept in MLflow
+itself, not in a side file: when all of a point's steps succeed the runner tags its child run
+``sweep.done = fit`` (or ``test``). A re-run skips the points whose child run is FINISHED with that tag, and
+runs the rest (only the test if the fit is already done), so a sweep resumes after Ctrl-C, a crash, or a
+SLURM array task that died. A point that fails ends as a FAILED child run (created if the CLI never got as
+far as opening one) with its log attached, and the other points go on.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweeps.spec import REPO, Point, SweepSpec, canonical, expand
+
+PARENT_ROLE = "parent"
+DONE_TAG = "sweep.done"
+
+
+@dataclass
+class SweepPlan:
+    """Everything a run of the sweep needs, resolved once before any point starts."""
+
+    spec: SweepSpec
+    points: list[Point]
+    experiment: str
+    checkpoint_root: Path
+    tracking_uri: str
+    extra_args: list[str] = field(default_factory=list)  # launcher overrides (nodes, devices) for every step
+
+    @property
+    def log_dir(self) -> Path:
+        return self.checkpoint_root / self.experiment / "_sweeps" / self.spec.name
+
+    def ckpt_dir(self, point: Point) -> Path:
+        return self.checkpoint_root / self.experiment / point.run_name
+
+    def child_tags(self, point: Point) -> dict[str, str]:
+        user = point.overrides.get("run.tags") or {}
+        return {
+            **{str(k): str(v) for k, v in user.items()},
+            "sweep.name": self.spec.name,
+            "sweep.point": point.label,
+            "sweep.seed": str(point.seed),
+            "sweep.index": str(point.index),
+        }
+
+    def _common(self, point: Point) -> list[str]:
+        overrides = {k: v for k, v in point.overrides.items() if k != "run.tags"}
+        args = Point(point.index, point.label, point.values, overrides, point.seed, point.run_name).cli_args()
+        return [
+            "--config",
+            str(self.spec.base),
+            *args,
+            *self.extra_args,
+            "--run.name",
+            point.run_name,
+            "--run.experiment",
+            self.experiment,
+        ]
+
+    def fit_args(self, point: Point, parent_id: str) -> list[str]:
+        return [
+            "fit",
+            *self._common(point),
+            "--run.parent_run_id",
+            parent_id,
+            "--run.tags",
+            json.dumps(self.child_tags(point)),
+        ]
+
+    def test_args(self, point: Point) -> list[str]:
+        return ["test", *self._common(point), "--ckpt_path", "best"]
+
+
+@dataclass
+class Outcome:
+    point: Point
+    status: str  # FINISHED, FAILED, SKIPPED, KILLED
+    run_id: str | None = None
+    seconds: float = 0.0
+    message: str = ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# MLflow bookkeeping
+
+
+def client_for(uri: str) -> Any:
+    import mlflow
+
+    return mlflow.MlflowClient(uri)
+
+
+def find_parent(client: Any, experiment: str, name: str) -> Any | None:
+    """The newest live parent run of sweep ``name`` in ``experiment`` (None if the sweep never ran)."""
+    from mlflow.entities import ViewType
+
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.`sweep.name` = '{name}' and tags.`sweep.role` = '{PARENT_ROLE}'",
+        run_view_type=ViewType.ACTIVE_ONLY,
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0] if runs else None
+
+
+def ensure_parent(client: Any, plan: SweepPlan) -> str:
+    """Reuse the sweep's parent run (a re-run resumes it) or create it; attach the sweep file either way."""
+    spec = plan.spec
+    parent = find_parent(client, plan.experiment, spec.name)
+    if parent is None:
+        exp = client.get_experiment_by_name(plan.experiment)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(plan.experiment)
+        parent = client.create_run(
+            exp_id, run_name=spec.name, tags={"sweep.name": spec.name, "sweep.role": PARENT_ROLE}
+        )
+    run_id = parent.info.run_id
+    if parent.info.status != "RUNNING":
+        client.update_run(run_id, status="RUNNING")
+    # Tags, not params: params are immutable and a re-run may come from an edited sweep file.
+    tags = {
+        "sweep.base": _display_path(spec.base),
+        "sweep.seeds": json.dumps(spec.seeds),
+        "sweep.test": str(spec.test).lower(),
+        "sweep.size": str(len(plan.points)),
+        "sweep.digest": spec.digest(),
+        "sweep.file": _display_path(spec.path) if spec.path else "",
+    }
+    tags.update({f"sweep.grid.{k}": json.dumps(v)[:5000] for k, v in spec.grid.items()})
+    if spec.description:
+        tags["mlflow.note.content"] = spec.description
+    from mlflow.entities import RunTag
+
+    client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    _log_text(client, run_id, spec.text, f"sweep/{spec.path.name if spec.path else 'sweep.yaml'}")
+    points = [
+        {"index": p.index, "run_name": p.run_name, "point": p.label, "seed": p.seed, "values": p.values}
+        for p in plan.points
+    ]
+    _log_text(client, run_id, json.dumps(points, indent=1, default=str) + "\n", "sweep/points.json")
+    return run_id
+
+
+def _display_path(path: Path | None) -> str:
+    if path is None:
+        return ""
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def _log_text(client: Any, run_id: str, text: str, artifact_file: str) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / Path(artifact_file).name
+        local.write_text(text)
+        parent = str(Path(artifact_file).parent)
+        client.log_artifact(run_id, str(local), artifact_path=None if parent == "." else parent)
+
+
+def children(client: Any, plan: SweepPlan, parent_id: str) -> dict[str, list[Any]]:
+    """The parent's child runs grouped by run name, newest first."""
+    from mlflow.entities import ViewType
+
+    exp = client.get_experiment_by_name(plan.experiment)
+    if exp is None:
+        return {}
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'",
+        run_view_type=ViewType.ACTIVE_ONLY,
+        order_by=["attributes.start_time DESC"],
+        max_results=50000,
+    )
+    out: dict[str, list[Any]] = {}
+    for run in runs:
+        out.setdefault(run.info.run_name, []).append(run)
+    return out
+
+
+def point_state(runs: list[Any], want_test: bool) -> tuple[str, Any | None]:
+    """``done``, ``needs_test`` (fit FINISHED and tagged, no test) or ``todo``, with the run concerned."""
+    for run in runs:
+        done = run.data.tags.get(DONE_TAG)
+        if run.info.status == "FINISHED" and done in ("fit", "test"):
+            if done == "test" or not want_test:
+                return "done", run
+            return "needs_test", run
+    return "todo", None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Executors: how one CLI invocation of a point is started.
+
+
+class InProcess:
+    """Runs ``main.cli_main`` in this process: no interpreter start-up (tests, quick looks); one worker.
+
+    What the CLI prints through ``sys.stdout``/``sys.stderr`` (its one-line errors) also goes to the log.
+    """
+
+    def __call__(self, args: list[str], log_file: Path | None) -> int:
+        import contextlib
+
+        from main import cli_main
+
+        with contextlib.ExitStack() as stack:
+            if log_file is not None:
+                log = stack.enter_context(open(log_file, "a"))
+                log.write(f"$ python main.py {shlex.join(args)}\n")
+                stack.enter_context(contextlib.redirect_stdout(_Tee(sys.stdout, log)))
+                stack.enter_context(contextlib.redirect_stderr(_Tee(sys.stderr, log)))
+            try:
+                return cli_main(args)
+            except KeyboardInterrupt:
+                raise
+            except BaseException:  # a point's crash must not end the sweep
+                traceback.print_exc()
+                return 1
+
+    def stop_all(self) -> None:
+        pass
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams: Any) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
+class Subprocesses:
+    """Runs ``[prefix...] python main.py <args>`` as a child process, its output in a log file."""
+
+    def __init__(self, prefix: list[str] | None = None, cwd: Path | None = None) -> None:
+        self.prefix = list(prefix or [])
+        self.cwd = cwd or Path.cwd()
+        self._live: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+
+    def command(self, args: list[str]) -> list[str]:
+        main = str(REPO / "main.py")
+        if self.prefix and Path(self.prefix[0]).name == "torchrun":
+            return [*self.prefix, main, *args]  # torchrun starts the interpreter itself
+        return [*self.prefix, sys.executable, main, *args]
+
+    def __call__(self, args: list[str], log_file: Path | None) -> int:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
+        out = open(log_file, "a") if log_file else subprocess.DEVNULL  # noqa: SIM115 - closed below
+        try:
+            if log_file:
+                out.write(f"$ {shlex.join(self.command(args))}\n")
+                out.flush()
+            proc = subprocess.Popen(
+                self.command(args), cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+            with self._lock:
+                self._live.add(proc)
+            rc = proc.wait()  # an interrupt here leaves proc in _live, for stop_all to stop it
+            with self._lock:
+                self._live.discard(proc)
+            return rc
+        finally:
+            if log_file:
+                out.close()
+
+    def stop_all(self, grace: float = 10.0) -> None:
+        """Stop the running points: SIGINT (Lightning's graceful Ctrl-C: checkpoint, run KILLED), then
+        SIGTERM, then SIGKILL. SIGINT alone fails: a shell starts background jobs with SIGINT ignored."""
+        with self._lock:
+            live = list(self._live)
+        for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            alive = [p for p in live if p.poll() is None]
+            if not alive:
+                return
+            for proc in alive:
+                proc.send_signal(sig)
+            deadline = time.monotonic() + wait_s
+            for proc in alive:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+class SweepRunner:
+    """Runs a sweep's points (all, or the ``only`` indices) with ``workers`` at once."""
+
+    def __init__(
+        self,
+        plan: SweepPlan,
+        executor: Callable[[list[str], Path | None], int] | None = None,
+        workers: int = 1,
+        echo: Callable[[str], None] = print,
+    ) -> None:
+        self.plan = plan
+        self.executor = executor or Subprocesses()
+        self.workers = max(1, workers)
+        self.echo = echo
+        self.client = client_for(plan.tracking_uri)
+        self.parent_id: str | None = None
+
+    def run(self, only: list[int] | None = None) -> list[Outcome]:
+        plan = self.plan
+        self.parent_id = ensure_parent(self.client, plan)
+        todo = [p for p in plan.points if only is None or p.index in only]
+        existing = children(self.client, plan, self.parent_id)
+        plan.log_dir.mkdir(parents=True, exist_ok=True)
+        self.echo(
+            f"sweep {plan.spec.name}: {len(todo)} point(s), experiment '{plan.experiment}', "
+            f"parent run {self.parent_id}, logs in {plan.log_dir}/"
+        )
+        outcomes: list[Outcome] = []
+        running: dict[Future, Point] = {}
+        interrupted = False
+        restore = _sigterm_as_interrupt()
+        pool = ThreadPoolExecutor(max_workers=self.workers) if self.workers > 1 else None
+        try:
+            if pool is None:  # in the main thread: Lightning's own signal handling stays intact
+                for point in todo:
+                    running = {Future(): point}
+                    outcomes.append(self._run_point(point, existing.get(point.run_name, [])))
+                    self._report(outcomes[-1], len(outcomes), len(todo))
+                running = {}
+            else:
+                pending = list(todo)
+                while pending or running:
+                    while pending and len(running) < self.workers:
+                        point = pending.pop(0)
+                        running[pool.submit(self._run_point, point, existing.get(point.run_name, []))] = point
+                    finished, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        running.pop(fut)
+                        outcomes.append(fut.result())
+                        self._report(outcomes[-1], len(outcomes), len(todo))
+        except KeyboardInterrupt:
+            interrupted = True
+            self.echo("interrupted: stopping the running points (run the same command again to resume)")
+            self.executor.stop_all()
+            for point in running.values():
+                outcomes.append(Outcome(point, "KILLED", message="interrupted"))
+                self._close_interrupted(point)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+            restore()
+            self._close_parent(interrupted, partial=only is not None)
+        return outcomes
+
+    def _close_interrupted(self, point: Point) -> None:
+        """A child killed before it could close its run (SIGKILL after the grace) must not stay RUNNING."""
+        for run in children(self.client, self.plan, self.parent_id).get(point.run_name, []):
+            if run.info.status == "RUNNING":
+                self.client.set_terminated(run.info.run_id, "KILLED")
+
+    def _report(self, outcome: Outcome, i: int, n: int) -> None:
+        extra = f" ({outcome.seconds:.1f} s)" if outcome.status != "SKIPPED" else " (already done)"
+        msg = f": {outcome.message}" if outcome.message and outcome.status != "SKIPPED" else ""
+        self.echo(f"[{i}/{n}] {outcome.status:8s} {outcome.point.run_name}{extra}{msg}")
+
+    def _run_point(self, point: Point, previous: list[Any]) -> Outcome:
+        plan = self.plan
+        state, run = point_state(previous, plan.spec.test)
+        if state == "done":
+            return Outcome(point, "SKIPPED", run_id=run.info.run_id)
+        # Runs of this point still marked RUNNING belong to a sweep that was killed: it is being redone now.
+        for old in previous:
+            if old.info.status == "RUNNING":
+                self.client.set_terminated(old.info.run_id, "KILLED")
+        t0 = time.time()
+        log_file = plan.log_dir / f"{point.run_name}.log"
+        steps: list[tuple[str, list[str]]] = []
+        if state == "todo":
+            steps.append(("fit", plan.fit_args(point, self.parent_id)))
+        if plan.spec.test:
+            steps.append(("test", plan.test_args(point)))
+        run_id = run.info.run_id if run is not None else None
+        for stage, args in steps:
+            rc = self.executor(args, log_file)
+            if stage == "fit" and rc == 0:
+                run_id = self._child_run_id(point, t0)
+            if rc != 0:
+                run_id = self._mark_failed(point, run_id, t0, log_file, f"{stage} exited with code {rc}")
+                return Outcome(point, "FAILED", run_id, time.time() - t0, f"{stage} exited with code {rc}")
+            if run_id is not None:
+                self.client.set_tag(run_id, DONE_TAG, stage)
+        if run_id is None:
+            return Outcome(point, "FAILED", None, time.time() - t0, "the fit logged no MLflow run")
+        return Outcome(point, "FINISHED", run_id, time.time() - t0, self._headline(run_id))
+
+    def _child_run_id(self, point: Point, since: float) -> str | None:
+        from callbacks.run_registry import read_run_record
+
+        record = read_run_record(self.plan.ckpt_dir(point))
+        if record and record.get("run_id"):
+            return record["run_id"]
+        runs = [
+            r
+            for r in children(self.client, self.plan, self.parent_id).get(point.run_name, [])
+            if r.info.start_time >= since * 1000 - 1000
+        ]
+        return runs[0].info.run_id if runs else None
+
+    def _mark_failed(
+        self, point: Point, run_id: str | None, since: float, log_file: Path, message: str
+    ) -> str:
+        """The point's child run ends FAILED with its log attached (created if the CLI never opened one)."""
+        if run_id is None:
+            runs = [
+                r
+                for r in children(self.client, self.plan, self.parent_id).get(point.run_name, [])
+                if r.info.start_time >= since * 1000 - 1000
+            ]
+            run_id = runs[0].info.run_id if runs else None
+        if run_id is not None:
+            if self.client.get_run(run_id).info.status in ("RUNNING", "SCHEDULED", "FINISHED"):
+                self.client.set_terminated(run_id, "FAILED")
+        else:
+            exp = self.client.get_experiment_by_name(self.plan.experiment)
+            tags = {**self.plan.child_tags(point), "mlflow.parentRunId": self.parent_id}
+            run_id = self.client.create_run(exp.experiment_id, run_name=point.run_name, tags=tags).info.run_id
+            self.client.set_terminated(run_id, "FAILED")
+        self.client.set_tag(run_id, "sweep.error", message)
+        if log_file.is_file():
+            self.client.log_artifact(run_id, str(log_file), artifact_path="sweep")
+        return run_id
+
+    def _headline(self, run_id: str) -> str:
+        metrics = self.client.get_run(run_id).data.metrics
+        keys = [k for k in metrics if k.startswith("test/")] or [k for k in metrics if k.endswith("_best")]
+        return ", ".join(f"{k}={metrics[k]:.4g}" for k in sorted(keys)[:3])
+
+    def _close_parent(self, interrupted: bool, partial: bool = False) -> None:
+        """FINISHED once every point is done; KILLED if interrupted; FAILED when points failed and nothing is
+        left to come. A partial run (``--point``, one SLURM array task) leaves the parent RUNNING while other
+        points have not run yet or still run elsewhere: the last task closes it."""
+        if self.parent_id is None:
+            return
+        runs = children(self.client, self.plan, self.parent_id)
+        per_point = [runs.get(p.run_name, []) for p in self.plan.points]
+        done = sum(point_state(r, self.plan.spec.test)[0] == "done" for r in per_point)
+        self.client.log_metric(self.parent_id, "sweep/done", done)
+        self.client.log_metric(self.parent_id, "sweep/todo", len(per_point) - done)
+        if done == len(per_point):
+            self.client.set_terminated(self.parent_id, "FINISHED")
+        elif interrupted:
+            self.client.set_terminated(self.parent_id, "KILLED")
+        elif any(r.info.status == "RUNNING" for rs in per_point for r in rs):
+            return
+        elif partial and any(not rs for rs in per_point):
+            return
+        else:
+            self.client.set_terminated(self.parent_id, "FAILED")
+
+
+def _sigterm_as_interrupt() -> Callable[[], None]:
+    """``scancel`` and ``kill`` send SIGTERM: stop the points as Ctrl-C would, so none is left RUNNING."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def dry_run_table(plan: SweepPlan, parent: Any | None, client: Any | None) -> list[str]:
+    """One line per point: index, state (done / needs test / todo), run name, swept values."""
+    existing = children(client, plan, parent.info.run_id) if parent is not None and client is not None else {}
+    lines = [
+        f"sweep {plan.spec.name}: {len(plan.points)} point(s) of {_display_path(plan.spec.base)} "
+        f"in experiment '{plan.experiment}'" + (f", parent run {parent.info.run_id}" if parent else "")
+    ]
+    for p in plan.points:
+        state = point_state(existing.get(p.run_name, []), plan.spec.test)[0]
+        lines.append(f"  {p.index:4d}  {state:10s}  {p.run_name}  {canonical(p.values)} seed={p.seed}")
+    return lines
+
+
+__all__ = [
+    "InProcess",
+    "Outcome",
+    "Subprocesses",
+    "SweepPlan",
+    "SweepRunner",
+    "dry_run_table",
+    "ensure_parent",
+    "expand",
+    "find_parent",
+]

@@ -1,0 +1,401 @@
+"""The sweep file: parsing, grid expansion into points, validation of override keys against the base config.
+
+A sweep file (documented in ``docs/sweeps.md``)::
+
+    name: activations                        # default: the file's stem
+    base: configs/mlp_classifier/yinyang.yaml
+    grid:                                    # cartesian product; each value is a list of alternatives
+      model.init_args.activation: [relu, gelu, tanh]
+    points:                                  # explicit extra points, each a dict of overrides
+      - {model.init_args.hidden: [128]}
+    overrides: {trainer.max_epochs: 10}      # applied to every point (a point's own value wins)
+    seeds: [0, 1, 2]                         # seed_everything of each point (default: the base's seed)
+    test: true                               # test --ckpt_path best after each fit
+    description: free text                   # shown as the parent run's description in MLflow
+
+A *point* is one set of swept values times one seed: one child run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import io
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+TOP_LEVEL_KEYS = ("name", "base", "grid", "points", "overrides", "seeds", "test", "description")
+# Keys the sweep sets itself; a sweep file that sets them would silently break resumability or grouping.
+RESERVED_KEYS = {
+    "seed_everything": "list the seeds in the sweep's `seeds:` entry instead",
+    "run.name": "the sweep names every child run <sweep>-<point>-s<seed>",
+    "run.parent_run_id": "the sweep links every child to its parent run",
+    "config": "put the base config in `base:`",
+    "ckpt_path": "a sweep trains every point from scratch",
+    "print_config": "use `python main.py sweep --dry-run`",
+}
+MAX_RUN_NAME = 120
+
+
+class SweepError(ValueError):
+    """A sweep file or sweep argument that cannot run; the message names the fix."""
+
+
+def cli_value(value: Any) -> str:
+    """One override value as jsonargparse reads it from the command line (YAML flow syntax)."""
+    return value if isinstance(value, str) else _flow(value)
+
+
+def _flow(value: Any) -> str:
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return {"nan": ".nan", "inf": ".inf", "-inf": "-.inf"}[repr(value)]
+        text = repr(value)
+        mantissa, e, exponent = text.partition("e")
+        # YAML 1.1 (PyYAML) reads 1e-07 as a string: a float needs a dot in its mantissa.
+        return f"{mantissa}.0e{exponent}" if e and "." not in mantissa else text
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {_flow(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _label_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(_label_value(v) for v in value)
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{_label_value(v)}" for k, v in value.items())
+    if isinstance(value, str) and "." in value and "/" not in value:  # a class path: its class name
+        return value.rsplit(".", 1)[-1] if re.fullmatch(r"[\w.]+\.[A-Z]\w*", value) else value
+    return str(value)
+
+
+def _safe(text: str) -> str:
+    """Run names are checkpoint folder names too: keep them to portable file-name characters."""
+    return re.sub(r"[^A-Za-z0-9._,=+-]+", "_", text).strip("_") or "x"
+
+
+def canonical(values: dict[str, Any]) -> str:
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One child run: the swept ``values`` (the point's identity), every override passed, and the seed."""
+
+    index: int
+    label: str
+    values: dict[str, Any]
+    overrides: dict[str, Any]
+    seed: int
+    run_name: str
+
+    def cli_args(self) -> list[str]:
+        args: list[str] = []
+        for key, value in self.overrides.items():
+            args += [f"--{key}", cli_value(value)]
+        return args + ["--seed_everything", str(self.seed)]
+
+
+@dataclass
+class SweepSpec:
+    """A parsed sweep file (see the module docstring)."""
+
+    name: str
+    base: Path
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    points: list[dict[str, Any]] = field(default_factory=list)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=lambda: [0])
+    test: bool = False
+    description: str = ""
+    path: Path | None = None
+    text: str = ""
+
+    def override_keys(self) -> list[str]:
+        keys = list(self.grid) + [k for p in self.points for k in p] + list(self.overrides)
+        return list(dict.fromkeys(keys))
+
+    def digest(self) -> str:
+        return hashlib.sha1(self.text.encode()).hexdigest()[:12]
+
+
+def _suggest(key: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _resolve_base(base: str, sweep_path: Path | None) -> Path:
+    raw = Path(base)
+    candidates = [raw] if raw.is_absolute() else [Path.cwd() / raw, REPO / raw]
+    if sweep_path is not None and not raw.is_absolute():
+        candidates.append(sweep_path.parent / raw)
+    for cand in candidates:
+        if cand.is_file():
+            return cand.resolve()
+    raise SweepError(
+        f"base config '{base}' not found (looked in {', '.join(str(c.parent) for c in candidates)})"
+    )
+
+
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise SweepError(f"{what} must be a mapping of dotted config keys to values, got {value!r}")
+    return dict(value)
+
+
+def parse_sweep(data: Any, path: Path | None = None, text: str = "") -> SweepSpec:
+    """A ``SweepSpec`` from the loaded YAML of a sweep file; every structural mistake is a ``SweepError``."""
+    where = str(path) if path else "sweep file"
+    if not isinstance(data, dict):
+        raise SweepError(f"{where}: a sweep file is a YAML mapping with at least `base:`")
+    for key in data:
+        if key not in TOP_LEVEL_KEYS:
+            raise SweepError(
+                f"{where}: unknown entry '{key}'{_suggest(str(key), list(TOP_LEVEL_KEYS))}; "
+                f"a sweep file has {', '.join(TOP_LEVEL_KEYS)}"
+            )
+    if "base" not in data:
+        raise SweepError(f"{where}: `base:` (the experiment config every point starts from) is missing")
+    name = str(data.get("name") or (path.stem if path else "sweep"))
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise SweepError(f"{where}: name '{name}' may only contain letters, digits, '.', '_' and '-'")
+    base = _resolve_base(str(data["base"]), path)
+
+    grid = _mapping(data.get("grid"), f"{where}: `grid:`")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise SweepError(
+                f"{where}: grid entry '{key}' must be a non-empty list of alternatives "
+                f"(for a single value write `{key}: [{cli_value(values)}]` or use `overrides:`)"
+            )
+    points_raw = data.get("points") or []
+    if not isinstance(points_raw, list):
+        raise SweepError(f"{where}: `points:` must be a list of mappings, got {points_raw!r}")
+    points = [_mapping(p, f"{where}: points[{i}]") for i, p in enumerate(points_raw)]
+    overrides = _mapping(data.get("overrides"), f"{where}: `overrides:`")
+
+    seeds_raw = data.get("seeds")
+    if seeds_raw is None:
+        seeds_raw = [_base_seed(base)]
+    if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
+        seeds_raw = [seeds_raw]
+    if (
+        not isinstance(seeds_raw, list)
+        or not seeds_raw
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds_raw)
+    ):
+        raise SweepError(f"{where}: `seeds:` must be a non-empty list of integers, got {seeds_raw!r}")
+    if len(set(seeds_raw)) != len(seeds_raw):
+        raise SweepError(f"{where}: `seeds:` lists a seed twice: {seeds_raw}")
+    test = data.get("test", False)
+    if not isinstance(test, bool):
+        raise SweepError(f"{where}: `test:` must be true or false, got {test!r}")
+
+    spec = SweepSpec(
+        name=name,
+        base=base,
+        grid=grid,
+        points=points,
+        overrides=overrides,
+        seeds=list(seeds_raw),
+        test=test,
+        description=str(data.get("description") or ""),
+        path=path,
+        text=text,
+    )
+    for key in spec.override_keys():
+        reason = RESERVED_KEYS.get(key)
+        if reason:
+            raise SweepError(f"{where}: '{key}' cannot be swept or overridden: {reason}")
+    return spec
+
+
+def _base_seed(base: Path) -> int:
+    seed = (yaml.safe_load(base.read_text()) or {}).get("seed_everything", 0)
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    """Read and parse a sweep file."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"sweep file '{path}' not found")
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise SweepError(f"{path}: not valid YAML: {err}") from err
+    return parse_sweep(data, path.resolve(), text)
+
+
+def _short_keys(keys: list[str]) -> dict[str, str]:
+    """``model.init_args.activation`` -> ``activation`` unless two varying keys share the last part."""
+    last = {k: k.rsplit(".", 1)[-1] for k in keys}
+    counts: dict[str, int] = {}
+    for v in last.values():
+        counts[v] = counts.get(v, 0) + 1
+    return {k: (last[k] if counts[last[k]] == 1 else k.replace(".init_args.", ".")) for k in keys}
+
+
+def expand(spec: SweepSpec) -> list[Point]:
+    """Every point of the sweep, in a stable order: (grid product, then explicit points) x seeds.
+
+    The grid's cartesian product comes first (keys in file order, the last key varying fastest), then the
+    explicit ``points:``; a point identical to an earlier one is dropped. Each point then runs once per seed.
+    ``index`` numbers the (values, seed) pairs from 0: it is the SLURM array index of the point.
+    """
+    combos: list[dict[str, Any]] = []
+    if spec.grid:
+        keys = list(spec.grid)
+        combos += [dict(zip(keys, vals)) for vals in itertools.product(*(spec.grid[k] for k in keys))]
+    combos += [dict(p) for p in spec.points]
+    if not combos:
+        combos = [{}]
+    unique: dict[str, dict[str, Any]] = {}
+    for combo in combos:
+        unique.setdefault(canonical(combo), combo)
+    combos = list(unique.values())
+
+    # The label names only what differs between points: a value shared by all of them says nothing.
+    all_keys = list(dict.fromkeys(k for c in combos for k in c))
+    varying = [k for k in all_keys if len({canonical({"v": c.get(k, "<base>")}) for c in combos}) > 1]
+    short = _short_keys(varying)
+    labels = []
+    for combo in combos:
+        parts = [f"{short[k]}={_label_value(combo[k])}" for k in varying if k in combo]
+        labels.append(_safe("-".join(parts)) if parts else "base")
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):  # distinct values can sanitise to the same text
+        if label in seen:
+            labels[i] = f"{label}-{i}"
+        seen[labels[i]] = i
+
+    out: list[Point] = []
+    for combo, label in zip(combos, labels):
+        overrides = {**{k: v for k, v in spec.overrides.items() if k not in combo}, **combo}
+        for seed in spec.seeds:
+            run_name = f"{spec.name}-{label}-s{seed}"
+            if len(run_name) > MAX_RUN_NAME:
+                run_name = f"{spec.name}-p{len(out)}-{hashlib.sha1(label.encode()).hexdigest()[:8]}-s{seed}"
+            out.append(
+                Point(
+                    index=len(out),
+                    label=label,
+                    values=combo,
+                    overrides=overrides,
+                    seed=seed,
+                    run_name=run_name,
+                )
+            )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation against the base config (needs the CLI, imported lazily so that parsing stays cheap).
+
+
+def config_keys(config: dict[str, Any], prefix: str = "") -> set[str]:
+    """Every dotted key of a resolved config: leaves and the sections above them."""
+    keys: set[str] = set()
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        keys.add(name)
+        if isinstance(value, dict):
+            keys |= config_keys(value, f"{name}.")
+    return keys
+
+
+def print_config(base: Path, extra: list[str] | None = None) -> dict[str, Any]:
+    """The resolved config of ``fit --config base <extra>``, parsed in process (nothing is instantiated)."""
+    from main import cli_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli_main(["fit", "--config", str(base), *(extra or []), "--print_config"])
+    if rc != 0:
+        message = err.getvalue().strip().splitlines()
+        raise SweepError(message[0].removeprefix("error: ") if message else f"the CLI refused {extra}")
+    return yaml.safe_load(out.getvalue())
+
+
+def check_keys(keys: list[str], valid: set[str]) -> None:
+    """Reject a key the base config does not have, naming it and the closest valid key."""
+    ordered = sorted(valid)
+    for key in keys:
+        if key in valid:
+            continue
+        raise SweepError(
+            f"override key '{key}' does not exist in the base config{_suggest(key, ordered)}; "
+            "`python main.py fit --config <base> --print_config` lists every key"
+        )
+
+
+def validate(spec: SweepSpec, points: list[Point]) -> dict[str, Any]:
+    """Check every override key and value against the base config before anything runs.
+
+    Keys are checked against the base's resolved config; each distinct swept value and each explicit point is
+    then parsed once by the CLI (still nothing instantiated), so a wrong type fails here and not after hours.
+    Returns the base's resolved config.
+    """
+    resolved = print_config(spec.base)
+    check_keys(spec.override_keys(), config_keys(resolved))
+    checked: set[str] = set()
+    trials: list[dict[str, Any]] = [dict(spec.overrides)]
+    trials += [{**spec.overrides, key: value} for key, values in spec.grid.items() for value in values]
+    trials += [{**spec.overrides, **p} for p in spec.points]
+    for trial in trials:
+        sig = canonical(trial)
+        if sig in checked:
+            continue
+        checked.add(sig)
+        args = [a for k, v in trial.items() for a in (f"--{k}", cli_value(v))]
+        try:
+            print_config(spec.base, args)
+        except SweepError as err:
+            raise SweepError(f"the base config refuses {canonical(trial)}: {err}") from None
+    return resolved
+
+
+def experiment_of(resolved: dict[str, Any], overrides: dict[str, Any]) -> str:
+    """The MLflow experiment the children log to: ``run.experiment`` or the method (the module's package)."""
+    explicit = overrides.get("run.experiment") or (resolved.get("run") or {}).get("experiment")
+    if explicit:
+        return str(explicit)
+    import importlib
+
+    from callbacks.config_artifact import method_name
+
+    class_path = overrides.get("model.class_path") or (resolved.get("model") or {}).get("class_path", "")
+    module_name, _, cls_name = str(class_path).rpartition(".")
+    try:
+        return method_name(getattr(importlib.import_module(module_name), cls_name))
+    except (ImportError, AttributeError, ValueError):
+        return module_name.split(".")[1] if module_name.startswith("modules.") else cls_name.lower()
+
+
+def checkpoint_root(resolved: dict[str, Any], overrides: dict[str, Any]) -> Path:
+    return Path(
+        str(
+            overrides.get("run.checkpoint_root")
+            or (resolved.get("run") or {}).get("checkpoint_root")
+            or "checkpoints"
+        )
+    )

@@ -1,0 +1,269 @@
+"""Running sweeps: parent and children in MLflow, resume after a kill, failure isolation, compare."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from main import cli_main
+from tests.helpers import REPO, client, runs_of
+from tests.sweeps.common import write_sweep
+
+
+def _children(parent_id: str) -> list:
+    return [r for r in runs_of("mlp_classifier") if r.data.tags.get("mlflow.parentRunId") == parent_id]
+
+
+def _parent(name: str):
+    (parent,) = [
+        r
+        for r in runs_of("mlp_classifier")
+        if r.data.tags.get("sweep.role") == "parent" and r.data.tags.get("sweep.name") == name
+    ]
+    return parent
+
+
+def test_sweep_logs_parent_and_children_skips_finished_points_and_compares(
+    paperlab_tmp: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # Enough training and test data that runs differ: the statistics below must have something to check.
+    more = {"trainer.limit_train_batches": 4, "trainer.limit_test_batches": 4, "model.init_args.lr": 0.05}
+    sweep = write_sweep(
+        paperlab_tmp,
+        grid={"model.init_args.activation": ["relu", "tanh"]},
+        seeds=[0, 1],
+        test=True,
+        overrides=more,
+    )
+    assert cli_main(["sweep", "--config", str(sweep), "--in-process"]) == 0
+    capsys.readouterr()
+
+    parent = _parent("tiny")
+    assert parent.info.status == "FINISHED" and parent.info.run_name == "tiny"
+    pid = parent.info.run_id
+    text = Path(client().download_artifacts(pid, "sweep/tiny.yaml", str(paperlab_tmp / "dl"))).read_text()
+    assert text == sweep.read_text()
+    assert {a.path for a in client().list_artifacts(pid, "sweep")} == {"sweep/tiny.yaml", "sweep/points.json"}
+
+    kids = _children(pid)
+    assert sorted(r.info.run_name for r in kids) == [
+        "tiny-activation=relu-s0",
+        "tiny-activation=relu-s1",
+        "tiny-activation=tanh-s0",
+        "tiny-activation=tanh-s1",
+    ]
+    for run in kids:
+        act, seed = run.info.run_name.split("=")[1].split("-s")
+        assert run.info.status == "FINISHED"
+        assert run.data.params["model.init_args.activation"] == act
+        assert run.data.params["seed_everything"] == seed
+        assert run.data.params["trainer.max_epochs"] == "1"
+        assert run.data.tags["sweep.point"] == f"activation={act}" and run.data.tags["sweep.name"] == "tiny"
+        assert run.data.tags["sweep.seed"] == seed and run.data.tags["sweep.done"] == "test"
+        assert {"test/acc", "val/acc", "train/loss"} <= set(run.data.metrics)
+    ckpts = {
+        p: p.stat().st_mtime_ns for p in (paperlab_tmp / "checkpoints/mlp_classifier").glob("tiny-*/*.ckpt")
+    }
+    assert len(ckpts) >= 4
+
+    # Re-running the finished sweep runs nothing again.
+    assert cli_main(["sweep", "--config", str(sweep), "--in-process"]) == 0
+    assert "4 skipped" in capsys.readouterr().out
+    assert len(_children(pid)) == 4 and len(runs_of("mlp_classifier")) == 5
+    assert {p: p.stat().st_mtime_ns for p in ckpts} == ckpts
+
+    # compare: the table's numbers against values computed by hand from the MLflow client.
+    from sweeps.compare import compare
+
+    # val/loss: continuous, so that seeds differ (accuracies of tiny runs on 100 samples often tie).
+    result = compare(client(), "mlp_classifier", "val/loss", by=["model.activation"], sweep="tiny")
+    assert result.by == ["model.init_args.activation"] and result.mode == "min"
+    for group in result.groups:
+        (act,) = group.keys
+        vals = np.array(
+            [r.data.metrics["val/loss"] for r in kids if r.data.params["model.init_args.activation"] == act]
+        )
+        assert group.n == 2
+        assert math.isclose(group.mean, vals.mean(), rel_tol=1e-12)
+        assert math.isclose(group.std, vals.std(ddof=1), rel_tol=1e-9, abs_tol=1e-15)
+        lo, hi = stats.t.interval(0.95, len(vals) - 1, loc=vals.mean(), scale=stats.sem(vals))
+        assert vals.std() > 0, vals  # else the interval check below would be vacuous
+        if vals.std() > 0:
+            assert math.isclose(group.ci_low, lo, rel_tol=1e-9) and math.isclose(
+                group.ci_high, hi, rel_tol=1e-9
+            )
+        assert group.best_value == vals.min()
+
+    out_dir = paperlab_tmp / "cmp"
+    assert (
+        cli_main(
+            [
+                "compare",
+                "--experiment",
+                "mlp_classifier",
+                "--sweep",
+                "tiny",
+                "--metric",
+                "val/loss",
+                "--by",
+                "model.activation",
+                "--out",
+                str(out_dir),
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    for group in result.groups:
+        assert f"{group.mean:.4g}" in printed and group.best_run in printed
+    png = out_dir / "val_loss_by_model.activation.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    assert matplotlib.image.imread(png).ndim == 3
+    with open(out_dir / "val_loss_by_model.activation.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["model.init_args.activation"], float(r["mean"])) for r in rows] == [
+        (g.keys[0], g.mean) for g in result.groups
+    ]
+    logged = {a.path for a in client().list_artifacts(pid, "compare")}
+    assert {"compare/val_loss_by_model.activation.png", "compare/val_loss_by_model.activation.csv"} <= logged
+
+    # --by seed as well: every run on its own.
+    per_run = compare(client(), "mlp_classifier", "val/loss", by=["model.activation", "seed"], sweep="tiny")
+    assert len(per_run.groups) == 4 and all(g.n == 1 and math.isnan(g.std) for g in per_run.groups)
+
+    # A scatter of two quantities: Spearman's rho against ranks correlated by hand.
+    assert (
+        cli_main(
+            [
+                "compare",
+                "--experiment",
+                "mlp_classifier",
+                "--sweep",
+                "tiny",
+                "--metric",
+                "val/loss",
+                "--x",
+                "train/loss",
+                "--by",
+                "activation",
+                "--out",
+                str(out_dir),
+            ]
+        )
+        == 0
+    )
+    assert "Spearman rho(train/loss, val/loss)" in capsys.readouterr().out
+    assert (out_dir / "val_loss_vs_train_loss_by_model.activation.png").read_bytes()[:4] == b"\x89PNG"
+    scatter = compare(client(), "mlp_classifier", "val/loss", sweep="tiny", x="train/loss")
+    xs = [r.data.metrics["train/loss"] for r in kids]
+    ys = [r.data.metrics["val/loss"] for r in kids]
+    rx, ry = stats.rankdata(xs), stats.rankdata(ys)
+    expected = np.corrcoef(rx, ry)[0, 1]
+    assert math.isclose(scatter.spearman[0], expected, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_compare_rejects_an_unknown_key_with_a_suggestion(
+    paperlab_tmp: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sweep = write_sweep(paperlab_tmp, seeds=[0])
+    assert cli_main(["sweep", "--config", str(sweep), "--in-process"]) == 0
+    capsys.readouterr()
+    assert (
+        cli_main(["compare", "--experiment", "mlp_classifier", "--metric", "val/acc", "--by", "activaton"])
+        == 2
+    )
+    assert "did you mean 'model.init_args.activation'" in capsys.readouterr().err
+    assert cli_main(["compare", "--experiment", "mlp_clasifier", "--metric", "val/acc"]) == 2
+    assert "did you mean 'mlp_classifier'" in capsys.readouterr().err
+    assert cli_main(["compare", "--experiment", "mlp_classifier", "--metric", "val/accc"]) == 2
+    assert "did you mean 'val/acc'" in capsys.readouterr().err
+
+
+def test_killed_sweep_resumes_without_rerunning_the_finished_point(paperlab_tmp: Path) -> None:
+    sweep = write_sweep(paperlab_tmp, grid={"model.init_args.activation": ["relu", "tanh"]}, seeds=[0])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "CI": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "main.py"), "sweep", "--config", str(sweep), "--in-process"],
+        cwd=paperlab_tmp,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines = []
+    try:
+        deadline = time.monotonic() + 120
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("[1/2] FINISHED"):
+                break
+            assert time.monotonic() < deadline, "".join(lines[-30:])
+        else:
+            pytest.fail("the sweep ended before its first point finished:\n" + "".join(lines[-30:]))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # like a crash: nothing gets to clean up
+        proc.wait(timeout=30)
+    first = "tiny-activation=relu-s0"
+    (done,) = [r for r in runs_of("mlp_classifier") if r.info.run_name == first]
+    ckpt = paperlab_tmp / "checkpoints/mlp_classifier" / first / "last.ckpt"
+    stamp = ckpt.stat().st_mtime_ns
+
+    assert cli_main(["sweep", "--config", str(sweep), "--in-process"]) == 0
+    runs = runs_of("mlp_classifier")
+    assert [r.info.run_id for r in runs if r.info.run_name == first] == [done.info.run_id]
+    assert ckpt.stat().st_mtime_ns == stamp
+    second = [r for r in runs if r.info.run_name == "tiny-activation=tanh-s0"]
+    assert sorted(r.info.status for r in second)[-1] == "FINISHED"
+    assert all(r.info.status in ("FINISHED", "KILLED") for r in second)  # a run cut by the kill is closed
+    assert _parent("tiny").info.status == "FINISHED"
+
+
+def _check_failure_isolated(paperlab_tmp: Path) -> None:
+    runs = {r.info.run_name: r for r in runs_of("mlp_classifier")}
+    good, bad = runs["tiny-lr=0.01-s0"], runs["tiny-lr=-1.0-s0"]
+    assert good.info.status == "FINISHED" and "val/acc" in good.data.metrics
+    assert good.data.tags["sweep.done"] == "fit"
+    # The fit never got as far as opening a run: the sweep opened a FAILED one so that the UI shows it.
+    assert bad.info.status == "FAILED" and "exited with code" in bad.data.tags["sweep.error"]
+    assert bad.data.tags["mlflow.parentRunId"] == good.data.tags["mlflow.parentRunId"]
+    assert bad.data.tags["sweep.point"] == "lr=-1.0"
+    log = Path(
+        client().download_artifacts(bad.info.run_id, "sweep/tiny-lr=-1.0-s0.log", str(paperlab_tmp / "dl"))
+    )
+    assert "lr must be positive" in log.read_text()
+    assert _parent("tiny").info.status == "FAILED"
+
+
+def test_a_failing_point_does_not_stop_the_others_and_sets_the_exit_code(
+    paperlab_tmp: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # lr = -1 passes the parser (a float) and fails in the model's __init__; the other point still runs.
+    sweep = write_sweep(paperlab_tmp, grid={"model.init_args.lr": [-1.0, 0.01]}, seeds=[0])
+    assert cli_main(["sweep", "--config", str(sweep), "--in-process"]) == 1
+    out = capsys.readouterr().out
+    assert "1 finished" in out and "1 failed" in out
+    _check_failure_isolated(paperlab_tmp)
+
+
+@pytest.mark.slow
+def test_workers_run_points_as_separate_processes_and_isolate_failures(
+    paperlab_tmp: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sweep = write_sweep(paperlab_tmp, grid={"model.init_args.lr": [0.01, -1.0]}, seeds=[0])
+    assert cli_main(["sweep", "--config", str(sweep), "--workers", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "1 finished" in out and "1 failed" in out
+    _check_failure_isolated(paperlab_tmp)

@@ -1,0 +1,144 @@
+"""The sweep file: grid expansion against a naive loop, seeds, labels, structural errors, key validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from main import cli_main
+from sweeps.spec import SweepError, cli_value, expand, load_sweep, parse_sweep
+from tests.helpers import REPO, runs_of
+from tests.sweeps.common import BASE, write_sweep
+
+
+def test_grid_times_points_times_seeds_matches_a_naive_loop() -> None:
+    grid = {"model.init_args.activation": ["relu", "gelu", "tanh"], "model.init_args.lr": [0.1, 0.01]}
+    points = [
+        {"model.init_args.hidden": [128]},
+        {"model.init_args.activation": "relu", "model.init_args.lr": 0.1},
+    ]
+    overrides = {"trainer.max_epochs": 3, "model.init_args.lr": 0.5}
+    spec = parse_sweep(
+        {
+            "name": "s",
+            "base": str(BASE),
+            "grid": grid,
+            "points": points,
+            "overrides": overrides,
+            "seeds": [3, 7],
+        }
+    )
+    got = expand(spec)
+
+    expected = []
+    for act in grid["model.init_args.activation"]:
+        for lr in grid["model.init_args.lr"]:
+            expected.append({"model.init_args.activation": act, "model.init_args.lr": lr})
+    expected.append({"model.init_args.hidden": [128]})  # the second explicit point duplicates a grid point
+    assert len(got) == len(expected) * 2
+    for i, values in enumerate(expected):
+        for j, seed in enumerate([3, 7]):
+            point = got[2 * i + j]
+            assert point.index == 2 * i + j and point.seed == seed and point.values == values
+            # A point's own value beats the global override; the rest of the overrides apply to every point.
+            assert point.overrides == {**overrides, **values}
+            assert point.cli_args()[-2:] == ["--seed_everything", str(seed)]
+    assert got[0].label == "activation=relu-lr=0.1" and got[0].run_name == "s-activation=relu-lr=0.1-s3"
+    assert got[-1].label == "hidden=128"
+    assert len({p.run_name for p in got}) == len(got)
+
+
+def test_constant_keys_stay_out_of_the_label_and_a_seed_study_is_one_base_point() -> None:
+    spec = parse_sweep({"name": "s", "base": str(BASE), "grid": {"a.b": [1, 2], "trainer.max_epochs": [5]}})
+    assert [p.label for p in expand(spec)] == ["b=1", "b=2"]
+    seeds_only = expand(parse_sweep({"base": str(BASE), "seeds": [0, 1, 2]}))
+    assert [(p.label, p.seed) for p in seeds_only] == [("base", 0), ("base", 1), ("base", 2)]
+
+
+def test_seeds_default_to_the_base_configs_seed(tmp_path: Path) -> None:
+    base = tmp_path / "b.yaml"
+    base.write_text(yaml.safe_dump({**yaml.safe_load(BASE.read_text()), "seed_everything": 11}))
+    assert parse_sweep({"base": str(base)}).seeds == [11]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["relu", 3, 0.001, 1e-7, True, None, [64, 64], [-0.5, 1e-5], {"a": 1, "b": [True, "x"]}, float("inf")],
+)
+def test_cli_values_read_back_as_the_same_value(value) -> None:
+    assert yaml.safe_load(cli_value(value)) == value
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"seed": [0]}, "did you mean 'seeds'"),
+        ({"grid": {"model.init_args.lr": 0.1}}, "non-empty list of alternatives"),
+        ({"seeds": [0, 0]}, "lists a seed twice"),
+        ({"seeds": [True]}, "list of integers"),
+        ({"grid": {"seed_everything": [0, 1]}}, "seeds:"),
+        ({"overrides": {"run.name": "x"}}, "cannot be swept"),
+        ({"base": "configs/nope/missing.yaml"}, "not found"),
+        ({"points": {"a": 1}}, "list of mappings"),
+        ({"name": "a b"}, "may only contain"),
+    ],
+)
+def test_structural_errors_name_the_fix(data: dict, needle: str) -> None:
+    with pytest.raises(SweepError, match=None) as err:
+        parse_sweep({"base": str(BASE), **data})
+    assert needle in str(err.value)
+
+
+def test_every_shipped_sweep_file_parses_and_names_real_keys() -> None:
+    from sweeps.spec import config_keys, print_config
+
+    files = sorted(REPO.glob("configs/*/*sweep*.yaml"))
+    assert any(p.name == "activation_sweep.yaml" for p in files)
+    for path in files:
+        spec = load_sweep(path)
+        keys = config_keys(print_config(spec.base))
+        assert set(spec.override_keys()) <= keys, (path, set(spec.override_keys()) - keys)
+        assert expand(spec)
+
+
+def test_unknown_override_key_is_rejected_before_any_run(
+    paperlab_tmp: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sweep = write_sweep(paperlab_tmp, grid={"model.init_args.activaton": ["relu", "tanh"]}, seeds=[0])
+    assert cli_main(["sweep", "--config", str(sweep)]) == 101
+    err = capsys.readouterr().err
+    assert "'model.init_args.activaton'" in err and "did you mean 'model.init_args.activation'" in err
+    assert "Traceback" not in err
+    assert runs_of("mlp_classifier") == []
+    assert not (paperlab_tmp / "checkpoints").exists()
+
+
+def test_a_value_of_the_wrong_type_is_rejected_before_any_run(
+    paperlab_tmp: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sweep = write_sweep(paperlab_tmp, grid={"trainer.max_epochs": [1, "many"]}, seeds=[0])
+    assert cli_main(["sweep", "--config", str(sweep)]) == 101
+    err = capsys.readouterr().err
+    assert "max_epochs" in err and "many" in err
+    assert runs_of("mlp_classifier") == []
+
+
+def test_dry_run_lists_the_points_and_runs_nothing(paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
+    sweep = write_sweep(
+        paperlab_tmp, grid={"model.init_args.activation": ["relu", "tanh"]}, seeds=[0, 1], test=True
+    )
+    assert cli_main(["sweep", "--config", str(sweep), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for name in (
+        "tiny-activation=relu-s0",
+        "tiny-activation=relu-s1",
+        "tiny-activation=tanh-s0",
+        "tiny-activation=tanh-s1",
+    ):
+        assert f"todo        {name}" in out
+        assert f"--run.name {name}" in out
+    assert out.count("python main.py fit ") == 4 and out.count("python main.py test ") == 4
+    assert runs_of("mlp_classifier") == []
+    assert not (paperlab_tmp / "checkpoints").exists()
