@@ -71,13 +71,17 @@ def resolve_checkpoint(ckpt_path: str | None, directory: Path) -> str | None:
 
 
 def archive_previous(directory: Path) -> Path | None:
-    """Move the checkpoints of an earlier run out of the way before a fresh fit writes into ``directory``."""
+    """Move the checkpoints of an earlier run out of the way before a fresh fit writes into ``directory``.
+
+    They go to ``<directory>.archive/<old run id>/``, beside the run's folder rather than inside it, so the
+    fresh run starts from an empty folder.
+    """
     directory = Path(directory)
     old = [p for p in directory.glob("*.ckpt")] + [p for p in [directory / RUN_FILE] if p.is_file()]
     if not old:
         return None
     record = read_run_record(directory) or {}
-    dest = directory / "archive" / (record.get("run_id") or time.strftime("%Y%m%d-%H%M%S"))
+    dest = directory.with_name(directory.name + ".archive") / (record.get("run_id") or time.strftime("%Y%m%d-%H%M%S"))
     dest.mkdir(parents=True, exist_ok=True)
     for p in old:
         shutil.move(str(p), dest / p.name)
@@ -85,14 +89,18 @@ def archive_previous(directory: Path) -> Path | None:
 
 
 class RunRegistry(Callback):
-    """Writes ``mlflow_run.json`` (run id, experiment, tracking URI) into the checkpoint directory at fit start."""
+    """Writes ``mlflow_run.json`` (run id, experiment, tracking URI) into the checkpoint directory.
+
+    Written at fit start, after ``ModelCheckpoint.setup`` has looked at the folder, so a fresh run does not
+    warn about a non-empty checkpoint directory.
+    """
 
     def __init__(self, dirpath: str) -> None:
         self.dirpath = dirpath
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         logger = mlflow_logger(trainer)
-        if stage != "fit" or logger is None or not trainer.is_global_zero:
+        if logger is None or not trainer.is_global_zero:
             return
         directory = Path(self.dirpath)
         directory.mkdir(parents=True, exist_ok=True)

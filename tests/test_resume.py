@@ -71,3 +71,16 @@ def test_resume_without_checkpoint_is_a_clear_error(paperlab_tmp: Path, capsys) 
     assert cli_main(["fit", "--config", str(base), "--ckpt_path", "last"]) == 1
     assert "no checkpoint in" in capsys.readouterr().err
     assert runs_of("mlp_classifier") == []
+
+
+def test_fresh_fit_archives_the_previous_runs_checkpoints(paperlab_tmp: Path) -> None:
+    base = REPO / "configs/mlp_classifier/digits.yaml"
+    small = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
+    assert cli_main(["fit", "--config", str(base), *small]) == 0
+    assert cli_main(["fit", "--config", str(base), *small]) == 0
+    first, second = sorted(runs_of("mlp_classifier"), key=lambda r: r.info.start_time)
+    run_dir = paperlab_tmp / "checkpoints/mlp_classifier/digits"
+    archived = paperlab_tmp / "checkpoints/mlp_classifier/digits.archive" / first.info.run_id
+    assert (archived / "last.ckpt").is_file()
+    assert second.info.run_id in (run_dir / "mlflow_run.json").read_text()
+    assert first.info.run_id in (archived / "mlflow_run.json").read_text()
