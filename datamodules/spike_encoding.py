@@ -27,8 +27,14 @@ from datamodules.hub import load_hub_dataset
 from datamodules.yinyang import YinYangDataModule, yinyang_class
 
 
-def encode_linear(v: Tensor, t_early: float, t_late: float, bias_times: Sequence[float] = (),
-                  bright_early: bool = False, v_min: float | None = None) -> Tensor:
+def encode_linear(
+    v: Tensor,
+    t_early: float,
+    t_late: float,
+    bias_times: Sequence[float] = (),
+    bright_early: bool = False,
+    v_min: float | None = None,
+) -> Tensor:
     """Feature values ``v`` (B, F) in [0, 1] -> spike times (B, F + len(bias_times)) in float64."""
     if t_late <= t_early:
         raise ValueError(f"t_late must exceed t_early, got t_early={t_early}, t_late={t_late}")
@@ -168,7 +174,12 @@ class _HubSpikeImages(TensorDataModule):
         if downsample < 1:
             raise ValueError(f"downsample must be a positive integer factor, got {downsample}")
         self.t_early, self.t_late, self.bias_times, self.v_min = t_early, t_late, tuple(bias_times), v_min
-        self.downsample, self.grayscale, self.val_size, self.split_seed = downsample, grayscale, val_size, split_seed
+        self.downsample, self.grayscale, self.val_size, self.split_seed = (
+            downsample,
+            grayscale,
+            val_size,
+            split_seed,
+        )
 
     def _images(self, ds) -> tuple[Tensor, Tensor]:
         """A hub split -> (images (N, C, H, W) in [0, 1], labels (N,))."""
@@ -249,8 +260,17 @@ class SpikeEuroSATDataModule(_HubSpikeImages):
         seed: int = 0,
     ) -> None:
         super().__init__(
-            t_early, t_late, bias_times, v_min, downsample, grayscale, val_size, split_seed, batch_size,
-            eval_batch_size, seed,
+            t_early,
+            t_late,
+            bias_times,
+            v_min,
+            downsample,
+            grayscale,
+            val_size,
+            split_seed,
+            batch_size,
+            eval_batch_size,
+            seed,
         )
         self.test_size = test_size
 

@@ -39,7 +39,12 @@ NEURONS = ("nlif", "lif", "lif_grid")
 
 
 def ttfs_loss(
-    t_out: Tensor, y: Tensor, tau_s: float = 1.0, xi: float = 0.2, alpha: float = 0.005, beta: float = 1.0,
+    t_out: Tensor,
+    y: Tensor,
+    tau_s: float = 1.0,
+    xi: float = 0.2,
+    alpha: float = 0.005,
+    beta: float = 1.0,
     t_no_spike: float = 10.0,
 ) -> Tensor:
     """Goeltz et al.'s loss: ``CE(softmax(-t/(xi tau_s)), y) + alpha (exp(t_y/(beta tau_s)) - 1)``.
@@ -74,6 +79,7 @@ class CausalPiecesSNN(L.LightningModule):
         lr, lr_step, lr_gamma: Adam learning rate and its StepLR schedule (epochs, factor).
         weight_bump: added to all incoming weights of a neuron silent on more than ``max_missing`` of a batch.
         max_missing: per layer, the largest tolerated fraction of samples on which a neuron stays silent.
+        bump_iters: at most this many bump-and-recompute rounds per training batch.
         init_seed: seed of the weight initialisation (``None``: the global torch generator).
     """
 
@@ -104,6 +110,7 @@ class CausalPiecesSNN(L.LightningModule):
         lr_gamma: float = 0.95,
         weight_bump: float = 5e-4,
         max_missing: Sequence[float] = (0.3, 0.0),
+        bump_iters: int = 20,
         init_seed: int | None = None,
     ) -> None:
         super().__init__()
@@ -127,6 +134,8 @@ class CausalPiecesSNN(L.LightningModule):
                     f"neuron='lif' needs tau_m = tau_s or 2 tau_s (got tau_m={tau_m}, tau_s={tau_s}); "
                     "use neuron='lif_grid' for other values"
                 )
+        if bump_iters < 0 or weight_bump < 0:
+            raise ValueError(f"bump_iters and weight_bump must be >= 0, got {bump_iters} and {weight_bump}")
         if tau_s <= 0 or theta <= 0 or (tau_m is not None and tau_m <= 0):
             raise ValueError(f"tau_s, theta and tau_m must be positive, got {tau_s}, {theta}, {tau_m}")
         self.sizes = [int(s) for s in sizes]
@@ -143,7 +152,6 @@ class CausalPiecesSNN(L.LightningModule):
         self.train_loss = MeanMetric()
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
-        self._silent_fraction: list[Tensor] | None = None
 
     # ---- forward ---------------------------------------------------------------------------------
     def layer_spike_times(self, t_in: Tensor, w: Tensor) -> Tensor:
@@ -188,7 +196,7 @@ class CausalPiecesSNN(L.LightningModule):
     @staticmethod
     def predict_from_times(t_out: Tensor) -> Tensor:
         """The class of the earliest output spike (ties: lowest index; no spike at all: class 0)."""
-        return torch.argmin(torch.nan_to_num(t_out, posinf=math.inf), dim=1)
+        return torch.argmin(t_out, dim=1)
 
     # ---- training --------------------------------------------------------------------------------
     def _step(self, batch, stage: str) -> tuple[Tensor, list[Tensor]]:
@@ -200,34 +208,59 @@ class CausalPiecesSNN(L.LightningModule):
         preds = self.predict_from_times(t_out)
         getattr(self, f"{stage}_acc").update(preds, y)
         getattr(self, f"{stage}_loss").update(loss.detach())
-        self.log(f"{stage}/acc", getattr(self, f"{stage}_acc"), on_step=False, on_epoch=True, prog_bar=stage != "train")
+        self.log(
+            f"{stage}/acc",
+            getattr(self, f"{stage}_acc"),
+            on_step=False,
+            on_epoch=True,
+            prog_bar=stage != "train",
+        )
         self.log(f"{stage}/loss", getattr(self, f"{stage}_loss"), on_step=False, on_epoch=True)
         return loss, times
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
         loss, times = self._step(batch, "train")
         if not torch.isfinite(loss):
-            raise FloatingPointError(
-                "the loss is not finite: lower model.lr or model.alpha, or raise model.t_no_spike"
-            )
-        self._silent_fraction = [torch.isinf(t.detach()).double().mean(0) for t in times[1:]]
+            raise FloatingPointError("the loss is not finite: lower model.lr or model.alpha, or raise model.t_no_spike")
         return loss
 
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        """Weight bumping (after the optimiser step): revive neurons that stay silent too often."""
+    def bump_silent_weights(self, x: Tensor, reduce=None) -> int:
+        """Weight bumping (Goeltz et al.), after the optimiser step: while some neuron of layer ``l`` is silent
+        on more than ``max_missing[l]`` of the batch ``x``, add ``weight_bump * 2^r`` (round ``r``) to all its
+        incoming weights and recompute the spike times (at most ``bump_iters`` rounds; the doubling keeps the
+        number of rounds logarithmic in the needed bump). Returns the number of rounds.
+
+        Without the repetition, output neurons that the cross-entropy pushes ever later fall off the
+        nLIF cliff (``t -> inf`` as ``sum_C w -> theta / tau_s``) faster than single bumps revive them, and
+        training collapses to missing outputs. ``reduce`` averages the silent fractions over DDP ranks so
+        that every replica applies the same bump.
+        """
         hp = self.hparams
-        if self._silent_fraction is None:
-            return
+        if hp.weight_bump <= 0 and not hp.positive_weights:
+            return 0
+        rounds = 0
         with torch.no_grad():
-            for l, (w, frac) in enumerate(zip(self.weights, self._silent_fraction)):
-                if self.trainer is not None and self.trainer.world_size > 1:
-                    # every rank must apply the same bump, or the replicas' weights drift apart
-                    frac = self.trainer.strategy.reduce(frac, reduce_op="mean")
-                if hp.weight_bump > 0:
-                    w.add_(hp.weight_bump * (frac > hp.max_missing[l]).to(w.dtype)[None, :])
-                if hp.positive_weights:
+            if hp.positive_weights:
+                for w in self.weights:
                     w.clamp_(min=0.0)
-        self._silent_fraction = None
+            while rounds < hp.bump_iters and hp.weight_bump > 0:
+                times = self.all_spike_times(x)
+                fracs = [torch.isinf(t).double().mean(0) for t in times[1:]]
+                if reduce is not None:
+                    fracs = [reduce(f) for f in fracs]
+                bumps = [(f > m).to(w.dtype) for f, m, w in zip(fracs, hp.max_missing, self.weights)]
+                if not any(bool(b.any()) for b in bumps):
+                    break
+                for w, b in zip(self.weights, bumps):
+                    w.add_(hp.weight_bump * 2.0**rounds * b[None, :])
+                rounds += 1
+        return rounds
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        reduce = None
+        if self.trainer.world_size > 1:
+            reduce = lambda f: self.trainer.strategy.reduce(f, reduce_op="mean")  # noqa: E731
+        self.bump_silent_weights(batch[0], reduce)
 
     def on_train_epoch_end(self) -> None:
         with torch.no_grad():

@@ -63,27 +63,38 @@ def check_layer_inputs(t_in: Tensor, w: Tensor) -> None:
         raise ValueError("weights contain NaN: check the learning rate or the initialisation")
 
 
-def _sorted_inputs(t_in: Tensor, w: Tensor, tau: float):
-    """Inputs sorted by time (ties by index), their weights, the reference time and the interval ends."""
+def _sorted_inputs(t_in: Tensor, w: Tensor):
+    """Inputs sorted by time (ties by index) and the cumulative-sum layout ``(N_out, B, N_in)``.
+
+    Returns the shifted sorted times ``s`` (B, N), their finiteness, the reference time ``ref`` (B, 1), the
+    sorted weights ``ws`` (M, B, N) and the shifted start of the next interval ``s_next`` (B, N). The
+    ``(M, B, N)`` layout keeps the scans over inputs contiguous in memory.
+    """
     w = w.to(t_in.dtype)
     t_sorted, order = torch.sort(t_in, dim=1, stable=True)
     finite = torch.isfinite(t_sorted)
     # The result does not depend on the reference time, so it carries no gradient.
     ref = torch.where(finite[:, :1], t_sorted[:, :1], torch.zeros_like(t_sorted[:, :1])).detach()
-    s = torch.where(finite, t_sorted - ref, torch.zeros_like(t_sorted))  # shifted times, finite everywhere
-    w_sorted = w[order] * finite.unsqueeze(-1)  # (B, N, M); silent inputs contribute nothing
+    s = torch.where(finite, t_sorted - ref, torch.zeros_like(t_sorted))  # finite everywhere
+    # Prefix sums up to a valid candidate never reach the (sorted-last) silent inputs, so their weights
+    # can stay in ``ws``; only their exp terms must be zeroed (``inf * 0`` would be NaN).
+    ws = w.t()[:, order]
     s_next = torch.cat([s[:, 1:], torch.full_like(s[:, :1], math.inf)], dim=1)
     s_next = torch.where(torch.cat([finite[:, 1:], torch.zeros_like(finite[:, :1])], 1), s_next, math.inf)
-    return s, finite, ref, w_sorted, s_next
+    return s, finite, ref, ws, s_next
+
+
+def _first_index(ok: Tensor) -> tuple[Tensor, Tensor]:
+    """Index of the first True along the last axis (argmax returns the first maximum) and whether any."""
+    return ok.to(torch.uint8).argmax(dim=-1, keepdim=True), ok.any(dim=-1)
 
 
 def _first_valid(cand: Tensor, ok: Tensor, s: Tensor, s_next: Tensor, finite: Tensor, ref: Tensor) -> Tensor:
-    """The first candidate (over the sorted-input axis 1) that lies in its own interval, else ``inf``."""
-    ok = ok & finite.unsqueeze(-1)
-    ok = ok & (cand >= s.unsqueeze(-1) - _TOL) & (cand < s_next.unsqueeze(-1))
-    idx = ok.to(torch.uint8).argmax(dim=1, keepdim=True)  # first True (argmax returns the first maximum)
-    t = cand.gather(1, idx).squeeze(1) + ref
-    return torch.where(ok.any(dim=1), t, torch.full_like(t, math.inf))
+    """The first candidate (``cand``, ``ok``: (M, B, N)) inside its own interval, as times (B, M), else ``inf``."""
+    ok = ok & finite & (cand >= s - _TOL) & (cand < s_next)
+    idx, has = _first_index(ok)
+    t = cand.gather(-1, idx).squeeze(-1) + ref.t()
+    return torch.where(has, t, torch.full_like(t, math.inf)).t()
 
 
 def nlif_first_spike_times(t_in: Tensor, w: Tensor, tau_s: float = 1.0, theta: float = 1.0) -> Tensor:
@@ -99,15 +110,27 @@ def nlif_first_spike_times(t_in: Tensor, w: Tensor, tau_s: float = 1.0, theta: f
         output spike times ``(B, N_out)``, ``inf`` where the neuron does not spike.
     """
     check_layer_inputs(t_in, w)
-    s, finite, ref, ws, s_next = _sorted_inputs(t_in, w, tau_s)
-    e = torch.exp(s / tau_s).unsqueeze(-1)
-    W = torch.cumsum(ws, dim=1)
-    A = torch.cumsum(ws * e, dim=1)
-    c = theta / tau_s
-    # A <= 0 with W > c means u only falls towards its asymptote inside the interval: no crossing.
-    ok = (W > c) & (A > 0)
-    ratio = torch.where(ok, A / torch.where(ok, W - c, torch.ones_like(W)), torch.ones_like(A))
-    return _first_valid(tau_s * torch.log(ratio), ok, s, s_next, finite, ref)
+    s, finite, ref, ws, s_next = _sorted_inputs(t_in, w)
+    e = torch.where(finite, torch.exp(s / tau_s), torch.zeros_like(s))
+    # Interval ends as exponentials: [e_lo, e_hi) with a rounding slack below; +inf at a silent input makes
+    # its candidate invalid, and an open last interval has e_hi = +inf.
+    e_lo = torch.where(finite, e * (1.0 - 1e-12), math.inf)
+    e_hi = torch.cat([e[:, 1:], torch.full_like(e[:, :1], math.inf)], dim=1)
+    e_hi = torch.where(torch.isfinite(s_next), e_hi, math.inf)
+    W = torch.cumsum(ws, dim=-1)
+    A = torch.cumsum(ws * e, dim=-1)
+    D = W - theta / tau_s
+    # Candidate t = tau_s ln(A / D) lies in [s_k, s_k+1) iff D e^{s_k} <= A < D e^{s_k+1}, tested before any
+    # logarithm. This implies D > 0 (for D <= 0 the range is empty, or NaN from 0 * inf, which compares
+    # False) and A > 0; A <= 0 with D > 0 means u only falls towards its asymptote: no crossing.
+    ok = (A >= D * e_lo) & (A < D * e_hi)
+    idx = ok.view(torch.uint8).argmax(dim=-1, keepdim=True)  # the first True
+    has = ok.gather(-1, idx).squeeze(-1)
+    a_sel = A.gather(-1, idx).squeeze(-1)
+    d_sel = D.gather(-1, idx).squeeze(-1)
+    ratio = torch.where(has, a_sel / torch.where(has, d_sel, torch.ones_like(d_sel)), torch.ones_like(a_sel))
+    t = ref.t() + tau_s * torch.log(ratio)
+    return torch.where(has, t, torch.full_like(t, math.inf)).t()
 
 
 def lambertw0(x: Tensor, iters: int = 12) -> Tensor:
@@ -142,10 +165,10 @@ def lif_first_spike_times(
     """
     check_layer_inputs(t_in, w)
     if math.isclose(tau_m, tau_s, rel_tol=1e-12):
-        s, finite, ref, ws, s_next = _sorted_inputs(t_in, w, tau_s)
-        e = torch.exp(s / tau_s).unsqueeze(-1)
-        a = torch.cumsum(ws * e, dim=1)
-        b = torch.cumsum(ws * e * (s / tau_s).unsqueeze(-1), dim=1)
+        s, finite, ref, ws, s_next = _sorted_inputs(t_in, w)
+        e = torch.where(finite, torch.exp(s / tau_s), torch.zeros_like(s))
+        a = torch.cumsum(ws * e, dim=-1)
+        b = torch.cumsum(ws * (e * s / tau_s), dim=-1)
         ok = a > 0
         a_safe = torch.where(ok, a, torch.ones_like(a))
         # b/a is a weighted mean of the shifted input times; a large value only makes the argument < -1/e
@@ -155,9 +178,9 @@ def lif_first_spike_times(
         wv = lambertw0(torch.where(ok, arg, torch.zeros_like(arg)))
         return _first_valid(tau_s * (ba - wv), ok, s, s_next, finite, ref)
     if math.isclose(tau_m, 2.0 * tau_s, rel_tol=1e-12):
-        s, finite, ref, ws, s_next = _sorted_inputs(t_in, w, tau_s)
-        A = torch.cumsum(ws * torch.exp(s / tau_m).unsqueeze(-1), dim=1)
-        B = torch.cumsum(ws * torch.exp(s / tau_s).unsqueeze(-1), dim=1)
+        s, finite, ref, ws, s_next = _sorted_inputs(t_in, w)
+        A = torch.cumsum(ws * torch.where(finite, torch.exp(s / tau_m), torch.zeros_like(s)), dim=-1)
+        B = torch.cumsum(ws * torch.where(finite, torch.exp(s / tau_s), torch.zeros_like(s)), dim=-1)
         c = theta / (2.0 * tau_s)
         D = A * A - 4.0 * B * c
         # B <= 0 makes u decrease inside the interval (no upward crossing); the earlier root is the larger x
@@ -190,6 +213,7 @@ def grid_first_spike_times(
     dt: float = 0.01,
     t_max: float = 8.0,
     interpolate: bool = True,
+    stop_early: bool = True,
 ) -> Tensor:
     """First-spike times from a time-stepped simulation on the grid ``0, dt, ..., t_max``.
 
@@ -200,6 +224,7 @@ def grid_first_spike_times(
         t_max: end of the simulation; neurons that cross later count as silent.
         interpolate: place the spike by linear interpolation of ``u`` between the grid points around the
             crossing (differentiable in ``w``); otherwise at the first grid point with ``u >= theta``.
+        stop_early: end the simulation once every neuron has spiked (same result, fewer steps).
     """
     check_layer_inputs(t_in, w)
     if dt <= 0 or t_max <= 0:
@@ -220,17 +245,32 @@ def grid_first_spike_times(
     cur = t_in.new_zeros(B, M)
     u = t_in.new_zeros(B, M)
     t_out = t_in.new_full((B, M), math.inf)
+    pending = torch.ones(B, M, dtype=torch.bool, device=t_in.device)
+    # In-place updates when no graph is needed: the step loop is the whole cost of this simulation.
+    inplace = not (torch.is_grad_enabled() and (w.requires_grad or t_in.requires_grad))
     active_steps = set(step_in[finite].tolist())
     for n in range(n_steps + 1):
-        u_prev = u
+        u_prev = u.clone() if (interpolate and inplace) else u
         if n > 0:
-            u = u * decay_u + cur * k_dt
-            cur = cur * decay_i
+            if inplace:
+                if decay_u != 1.0:
+                    u.mul_(decay_u)
+                u.add_(cur, alpha=k_dt)
+                cur.mul_(decay_i)
+            else:
+                u = u * decay_u + cur * k_dt
+                cur = cur * decay_i
         if n in active_steps:
             arrive = (step_in == n).to(t_in.dtype)
-            cur = cur + (arrive * inj_i) @ w
-            u = u + (arrive * inj_u) @ w
-        cross = (u >= theta) & torch.isinf(t_out)
+            if inplace:
+                cur.add_((arrive * inj_i) @ w)
+                u.add_((arrive * inj_u) @ w)
+            else:
+                cur = cur + (arrive * inj_i) @ w
+                u = u + (arrive * inj_u) @ w
+        # Like any time-stepped simulator, only grid points are checked: a crossing that an input arriving
+        # later in the same step undoes is missed (rare; an O(dt) discretisation effect the tests allow for).
+        cross = (u >= theta) & pending
         if cross.any():
             if interpolate and n > 0:
                 frac = (theta - u_prev) / torch.where(cross, u - u_prev, torch.ones_like(u))
@@ -238,4 +278,7 @@ def grid_first_spike_times(
             else:
                 t_now = torch.full_like(u, n * dt)
             t_out = torch.where(cross, t_now, t_out)
+            pending &= ~cross
+            if stop_early and not pending.any():
+                break
     return t_out

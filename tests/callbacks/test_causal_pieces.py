@@ -1,0 +1,235 @@
+"""CausalPieceCounter: exact counts against a naive per-sample frozenset loop, ReLU linear regions,
+hashing, DDP union, logging and figures, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.loggers import Logger
+from torch import nn
+
+from callbacks.causal_pieces import CausalPieceCounter, count_pieces, pack_bits, piece_ids
+from datamodules.spike_encoding import SpikeYinYangDataModule
+from modules.causal_pieces import CausalPiecesSNN
+from modules.components.mlp import MLP
+
+
+def naive_piece_count(pairs, mode: str) -> tuple[int, list[int]]:
+    """Per sample, per layer, per neuron a frozenset causal set; count distinct tuples in a Python set."""
+    pieces, layer_sets = set(), [set() for _ in pairs]
+    pairs = [(p.tolist(), q.tolist()) for p, q in pairs]
+    for b in range(len(pairs[0][0])):
+        t_last = pairs[-1][1][b]
+        relevant = [j for j, t in enumerate(t_last) if math.isfinite(t)]
+        key = [None] * len(pairs)
+        for l in range(len(pairs) - 1, -1, -1):
+            t_pre, t_post = pairs[l][0][b], pairs[l][1][b]
+            cols = relevant if mode == "path" else [j for j, t in enumerate(t_post) if math.isfinite(t)]
+            sets = {j: frozenset(i for i, ti in enumerate(t_pre) if ti < t_post[j]) for j in cols}
+            key[l] = frozenset(sets.items())
+            layer_sets[l].add(key[l])
+            if l > 0:
+                n_prev = len(pairs[l - 1][1][b])
+                relevant = sorted({i for s in sets.values() for i in s if i < n_prev})
+        pieces.add(tuple(key))
+    return len(pieces), [len(s) for s in layer_sets]
+
+
+@pytest.fixture(scope="module")
+def yy():
+    dm = SpikeYinYangDataModule(train_size=800, val_size=50, test_size=50)
+    dm.setup()
+    return dm.splits["train"]
+
+
+@pytest.mark.parametrize("mode", ["path", "full"])
+@pytest.mark.parametrize("key", ["exact", "hash128"])
+def test_snn_count_matches_naive_loop(yy, mode, key):
+    x, _ = yy
+    model = CausalPiecesSNN(
+        hidden_sizes=[12, 6],
+        init_mean=[1.0, 0.8, 0.5],
+        init_std=[0.8, 0.8, 0.8],
+        max_missing=[0.3, 0.3, 0.0],
+        init_seed=0,
+    )
+    ref, ref_layers = naive_piece_count(model.spike_times((x,)), mode)
+    res = count_pieces(model, [(x[i : i + 128],) for i in range(0, 800, 128)], mode=mode, key=key)
+    assert 20 < res.count < 800, "the toy network should neither collapse nor saturate"
+    assert res.count == ref and res.layer_distinct == ref_layers
+    assert res.samples == 800 and res.fraction == ref / 800
+    assert 0 < res.entropy <= math.log2(res.count) + 1e-9
+    assert int(res.counts.sum()) == 800
+
+
+def test_path_mode_ignores_irrelevant_neurons():
+    """Two samples that differ only in a hidden neuron outside the output's causal path: one piece in path
+    mode, two in full mode."""
+    t_in = torch.tensor([[0.1, 1.0], [0.1, 2.0]], dtype=torch.float64)
+    h = torch.tensor([[0.5, 1.5], [0.5, 1.5]], dtype=torch.float64)  # hidden 1's set: {0, 1} vs {0}
+    out = torch.tensor([[0.9], [0.9]], dtype=torch.float64)  # output caused only by hidden neuron 0
+
+    class Fixed(nn.Module):
+        def spike_times(self, batch):
+            return [(t_in, h), (h, out)]
+
+    assert count_pieces(Fixed(), [None], mode="path").count == 1
+    assert count_pieces(Fixed(), [None], mode="full").count == 2
+
+
+def test_relu_linear_regions_match_naive_loop():
+    torch.manual_seed(0)
+    mlp = MLP(2, [8, 8], 3)
+    x = torch.rand(3000, 2) * 4 - 2
+    ref = set()
+    with torch.no_grad():
+        for xi in x:
+            h, pattern = xi, []
+            for layer in mlp.layers:
+                if isinstance(layer, nn.ReLU):
+                    pattern.append(tuple((h > 0).tolist()))
+                h = layer(h)
+            ref.add(tuple(pattern))
+    res = count_pieces(mlp, [(x[i : i + 500], None) for i in range(0, 3000, 500)])
+    assert res.count == len(ref) > 10 and res.relevant_mean is None
+
+
+def test_activation_patterns_protocol_and_missing_protocol():
+    class Patterns(nn.Module):
+        def activation_patterns(self, batch):
+            return [batch[0] > 0.5]
+
+    x = torch.tensor([[0.1, 0.9], [0.2, 0.8], [0.9, 0.9]])
+    assert count_pieces(Patterns(), [(x,)]).count == 2
+    with pytest.raises(ValueError, match="spike_times"):
+        count_pieces(nn.Sequential(nn.Linear(2, 2), nn.Tanh()), [(x,)])
+
+
+def test_empty_split_and_bad_arguments():
+    model = CausalPiecesSNN(hidden_sizes=[4], init_seed=0)
+    with pytest.raises(ValueError, match="no samples"):
+        count_pieces(model, [])
+    with pytest.raises(ValueError, match="mode"):
+        CausalPieceCounter(mode="partial")
+    with pytest.raises(ValueError, match="key"):
+        CausalPieceCounter(key="md5")
+
+
+def test_auto_key_switches_to_hash_with_the_same_count(yy):
+    x, _ = yy
+    model = CausalPiecesSNN(hidden_sizes=[30], init_seed=1)
+    batches = [(x[i : i + 100],) for i in range(0, 800, 100)]
+    exact = count_pieces(model, batches, key="exact")
+    auto = count_pieces(model, batches, key="auto", max_exact_bytes=5000)  # switches after a few batches
+    assert auto.count == exact.count and auto.layer_distinct == exact.layer_distinct
+    assert auto.keys.shape[1] == 2 and exact.keys.shape[1] == 3 + 2  # two 64-bit hashes vs 150 + 90 bits in words
+
+
+def test_pack_bits_roundtrip():
+    bits = torch.rand(7, 13) > 0.5
+    packed = pack_bits(bits)
+    unpacked = ((packed[:, :, None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten(1)[:, :13].bool()
+    assert packed.shape == (7, 8) and torch.equal(unpacked, bits) and not packed[:, 2:].any()
+
+
+class _Capture(Logger):
+    def __init__(self):
+        super().__init__()
+        self.metrics: list[tuple[int, dict]] = []
+
+    name = "capture"
+    version = 0
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+
+def test_callback_logs_at_fit_start_and_every_n_epochs():
+    dm = SpikeYinYangDataModule(train_size=300, val_size=30, test_size=30, batch_size=100)
+    model = CausalPiecesSNN(hidden_sizes=[10], init_seed=0)
+    cb = CausalPieceCounter(every_n_epochs=2, piece_map=False)
+    logger = _Capture()
+    trainer = L.Trainer(
+        max_epochs=4,
+        logger=logger,
+        callbacks=[cb],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    dm.setup()
+    expected = count_pieces(model, [dm.splits["train"]]).count
+    trainer.fit(model, dm)
+    logged = [m for _, m in logger.metrics if "diag/causal_pieces/count" in m]
+    assert len(logged) == 3 and len(cb.history) == 3  # fit start, epochs 2 and 4
+    assert logged[0]["diag/causal_pieces/count"] == expected
+    assert {
+        "diag/causal_pieces/fraction",
+        "diag/causal_pieces/entropy",
+        "diag/causal_pieces/layer0_distinct_sets",
+        "diag/causal_pieces/layer1_distinct_sets",
+    } <= set(logged[0])
+    assert any("diag/causal_pieces/count_init" in m for _, m in logger.metrics)
+    assert model.training  # the counter restores train mode
+    restored = CausalPieceCounter()
+    restored.load_state_dict(cb.state_dict())
+    assert restored.history == cb.history
+
+
+def test_piece_map_figure_is_an_mlflow_artifact(paperlab_tmp):
+    import mlflow
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    dm = SpikeYinYangDataModule(train_size=200, val_size=20, test_size=20, batch_size=100)
+    model = CausalPiecesSNN(hidden_sizes=[10], init_seed=0)
+    logger = MLFlowLogger(experiment_name="causal_pieces_test", tracking_uri=mlflow.get_tracking_uri())
+    cb = CausalPieceCounter(every_n_epochs=0, piece_map_resolution=40)
+    L.Trainer(
+        max_epochs=1,
+        logger=logger,
+        callbacks=[cb],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    ).fit(model, dm)
+    files = {a.path for a in mlflow.MlflowClient().list_artifacts(logger.run_id, "figures/causal_pieces")}
+    assert files == {"figures/causal_pieces/piece_map_init.png", "figures/causal_pieces/piece_map_final.png"}
+    pts, inputs, _ = dm.plane_grid(40)
+    assert piece_ids(model, inputs).shape == (pts.shape[0],)
+
+
+def test_ddp_count_is_the_union_over_ranks(tmp_path):
+    """ddp_spawn, 2 CPU processes: each rank sees half of every batch; the count is that of the union."""
+    dm = SpikeYinYangDataModule(train_size=240, val_size=20, test_size=20, batch_size=60)
+    model = CausalPiecesSNN(hidden_sizes=[6], init_seed=0)
+    dm.setup()
+    single = count_pieces(model, [dm.splits["train"]]).count
+    cb = CausalPieceCounter(every_n_epochs=0, piece_map=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        max_epochs=1,
+        limit_train_batches=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[cb],
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model, SpikeYinYangDataModule(train_size=240, val_size=20, test_size=20, batch_size=60))
+    x = dm.splits["train"][0]
+    halves = count_pieces(model, [(x[0::2],)]).count + count_pieces(model, [(x[1::2],)]).count
+    assert 1 < single < halves  # the ranks' pieces overlap: a sum of per-rank counts would be wrong
+    assert trainer.callback_metrics["diag/causal_pieces/count_init"].item() == single
+    assert trainer.callback_metrics["diag/causal_pieces/fraction"].item() == pytest.approx(single / 240)
