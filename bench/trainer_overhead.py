@@ -98,12 +98,19 @@ def bare_lightning(dm: YinYangDataModule, batch_size: int, epochs: int) -> float
     return epochs * 5000 / timer.seconds
 
 
-def paperlab_stack(batch_size: int, epochs: int, workdir: Path, run: int) -> float:
+ABLATIONS = {
+    "no MLflow logger": ["--trainer.logger", "false"],
+    "no checkpointing": ["--trainer.enable_checkpointing", "false"],
+    "no logger, no checkpointing": ["--trainer.logger", "false", "--trainer.enable_checkpointing", "false"],
+}
+
+
+def paperlab_stack(batch_size: int, epochs: int, workdir: Path, run: int, extra: list[str] | None = None) -> float:
     os.chdir(workdir)
     cli = PaperlabCLI(
         args=["--config", str(CONFIG), "--trainer.max_epochs", str(epochs), "--data.init_args.batch_size",
               str(batch_size), "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-              "--run.name", f"bench-b{batch_size}-{run}"],
+              "--run.name", f"bench-b{batch_size}-{run}", *(extra or [])],
         run=False,
     )
     timer = TrainTimer()
@@ -118,6 +125,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 150])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--ablate", action="store_true",
+                        help="also time the paperlab stack without the MLflow logger and/or checkpointing")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dm = YinYangDataModule()
@@ -148,6 +157,11 @@ def main() -> None:
             f"(min {min(ratios):.3f}, max {max(ratios):.3f}) | bare Lightning {statistics.median(bare):7.0f} "
             f"samples/s, ratio {statistics.median(bare_ratios):.3f}"
         )
+        if args.ablate:
+            for name, extra in ABLATIONS.items():
+                rs = [paperlab_stack(batch, args.epochs, workdir, 100 + r, extra) / plain_loop(dm.splits, batch, args.epochs, r)
+                      for r in range(args.repeats)]
+                print(f"            paperlab, {name}: ratio median {statistics.median(rs):.3f}")
 
 
 if __name__ == "__main__":
