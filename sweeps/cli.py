@@ -263,20 +263,7 @@ def _print_commands(args: argparse.Namespace, plan, parent_id: str, only: list[i
     if args.launcher == "slurm":
         path = Path(args.script) if args.script else plan.log_dir / f"{plan.spec.name}.sbatch"
         print(f"\n# {path} (not written: --dry-run)")
-        print(
-            launchers.slurm_script(
-                sweep_file=plan.spec.path,
-                name=plan.spec.name,
-                n_points=len(plan.points),
-                tracking_uri=plan.tracking_uri,
-                log_dir=plan.log_dir,
-                max_parallel=args.max_parallel,
-                nodes=args.nodes,
-                devices=args.devices_per_node,
-                options=args.slurm_option,
-                setup=args.slurm_setup,
-            )
-        )
+        print(_slurm_text(args, plan))
         return
     print("\n# commands, one point after the other:")
     for p in points:
@@ -295,26 +282,29 @@ def _print_commands(args: argparse.Namespace, plan, parent_id: str, only: list[i
         )
 
 
-def _write_slurm(args: argparse.Namespace, plan) -> Path:
+def _slurm_text(args: argparse.Namespace, plan) -> str:
     from sweeps import launchers
+
+    return launchers.slurm_script(
+        sweep_file=plan.spec.path,
+        name=plan.spec.name,
+        n_points=len(plan.points),
+        tracking_uri=plan.tracking_uri,
+        log_dir=plan.log_dir,
+        max_parallel=args.max_parallel,
+        nodes=args.nodes,
+        devices=args.devices_per_node,
+        options=args.slurm_option,
+        setup=args.slurm_setup,
+    )
+
+
+def _write_slurm(args: argparse.Namespace, plan) -> Path:
 
     path = Path(args.script) if args.script else plan.log_dir / f"{plan.spec.name}.sbatch"
     path.parent.mkdir(parents=True, exist_ok=True)
     plan.log_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        launchers.slurm_script(
-            sweep_file=plan.spec.path,
-            name=plan.spec.name,
-            n_points=len(plan.points),
-            tracking_uri=plan.tracking_uri,
-            log_dir=plan.log_dir,
-            max_parallel=args.max_parallel,
-            nodes=args.nodes,
-            devices=args.devices_per_node,
-            options=args.slurm_option,
-            setup=args.slurm_setup,
-        )
-    )
+    path.write_text(_slurm_text(args, plan))
     path.chmod(0o755)
     return path
 

@@ -17,38 +17,35 @@ from torch import Tensor, nn
 DEFAULT_CLIP = 50.0
 
 
-class ReLU2(nn.Module):
+class _Squared(nn.Module):
+    """``base(x)^2``, clipped at ``clip`` when ``clip`` is not None: ``min(base(x)^2, clip)``."""
+
+    base = staticmethod(torch.relu)
+
+    def __init__(self, clip: float | None = None) -> None:
+        super().__init__()
+        if clip is not None and clip <= 0:
+            raise ValueError(f"clip must be positive, got {clip}")
+        self.clip = clip
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.base(x).square()
+        return y if self.clip is None else torch.clamp(y, max=self.clip)
+
+    def extra_repr(self) -> str:
+        return f"clip={self.clip}"
+
+
+class ReLU2(_Squared):
     """``relu(x)^2``, clipped at ``clip`` when ``clip`` is not None: ``min(relu(x)^2, clip)``."""
 
-    def __init__(self, clip: float | None = None) -> None:
-        super().__init__()
-        if clip is not None and clip <= 0:
-            raise ValueError(f"clip must be positive, got {clip}")
-        self.clip = clip
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = torch.relu(x).square()
-        return y if self.clip is None else torch.clamp(y, max=self.clip)
-
-    def extra_repr(self) -> str:
-        return f"clip={self.clip}"
+    base = staticmethod(torch.relu)
 
 
-class GELU2(nn.Module):
+class GELU2(_Squared):
     """``gelu(x)^2`` (exact erf GELU), clipped at ``clip`` when ``clip`` is not None."""
 
-    def __init__(self, clip: float | None = None) -> None:
-        super().__init__()
-        if clip is not None and clip <= 0:
-            raise ValueError(f"clip must be positive, got {clip}")
-        self.clip = clip
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = F.gelu(x).square()
-        return y if self.clip is None else torch.clamp(y, max=self.clip)
-
-    def extra_repr(self) -> str:
-        return f"clip={self.clip}"
+    base = staticmethod(F.gelu)
 
 
 class QuantileReLU(nn.Module):
