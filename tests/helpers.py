@@ -67,3 +67,19 @@ def runs_of(experiment: str) -> list[mlflow.entities.Run]:
 
 SIGKILL = signal.SIGKILL
 SIGINT = signal.SIGINT
+
+
+class CleanDistributedExit(Callback):
+    """Destroy the process group in step on every rank when a ``ddp_spawn`` run ends.
+
+    Spawned workers leave through ``os._exit``, so Lightning's atexit clean-up never runs; a rank that exits
+    while a peer's gloo thread still holds the connection can then die with "terminate called without an
+    active exception" (SIGABRT) after the test's work is done.
+    """
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()

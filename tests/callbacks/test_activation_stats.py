@@ -13,6 +13,7 @@ from callbacks.activation_stats import ActivationStats, histogram_median, layer_
 from callbacks.weight_drift import WeightDrift
 from datamodules.random_gaussian import RandomGaussianDataModule
 from modules.weight_drift import WeightDriftModel
+from tests.helpers import CleanDistributedExit
 
 
 def _trainer(callbacks, max_steps, **kw):
@@ -130,7 +131,8 @@ class _DumpActs(ActivationStats):
 def _run(tmp_path, tag, devices, strategy):
     L.seed_everything(0)
     model = WeightDriftModel(hidden=[16, 16], optimizer="sgd", lr=0.1)
-    cbs = [_DumpDrift(str(tmp_path / f"drift_{tag}.json")), _DumpActs(str(tmp_path / f"acts_{tag}.json"))]
+    cbs = [_DumpDrift(str(tmp_path / f"drift_{tag}.json")), _DumpActs(str(tmp_path / f"acts_{tag}.json")),
+           CleanDistributedExit()]
     trainer = _trainer(
         cbs,
         4,

@@ -15,6 +15,7 @@ from callbacks.causal_pieces import CausalPieceCounter, count_pieces, pack_bits,
 from datamodules.spike_encoding import SpikeYinYangDataModule
 from modules.causal_pieces import CausalPiecesSNN
 from modules.components.mlp import MLP
+from tests.helpers import CleanDistributedExit
 
 
 def naive_piece_count(pairs, mode: str) -> tuple[int, list[int]]:
@@ -224,7 +225,7 @@ def test_ddp_count_is_the_union_over_ranks(tmp_path):
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[cb],
+        callbacks=[cb, CleanDistributedExit()],
         default_root_dir=tmp_path,
     )
     trainer.fit(model, SpikeYinYangDataModule(train_size=240, val_size=20, test_size=20, batch_size=60))

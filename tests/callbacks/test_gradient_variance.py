@@ -15,6 +15,7 @@ from callbacks.grad_variance import GradientVarianceEstimator
 from callbacks.gradient_variance import GradientVariance, estimate_gradient_variance
 from datamodules.base import BatchedTensorLoader
 from modules.components.tiny_gpt import TinyGPT
+from tests.helpers import CleanDistributedExit
 
 
 def naive(model: nn.Module, loss_fn, batch) -> dict:
@@ -224,7 +225,8 @@ def test_missing_protocol_method_is_a_clear_error():
 def test_callback_under_ddp_equals_single_process_on_the_global_batch(tmp_path):
     single, ddp = tmp_path / "single.json", tmp_path / "ddp.json"
     _fit([DumpGradientVariance(str(single), every_n_steps=10)], max_steps=1, devices=1)
-    _fit([DumpGradientVariance(str(ddp), every_n_steps=10)], max_steps=1, devices=2, strategy="ddp_spawn")
+    _fit([DumpGradientVariance(str(ddp), every_n_steps=10), CleanDistributedExit()], max_steps=1, devices=2,
+         strategy="ddp_spawn")
     a, b = json.loads(single.read_text()), json.loads(ddp.read_text())
     assert a["n"] == b["n"] == 16
     assert b["trace"] == pytest.approx(a["trace"], rel=1e-5)
