@@ -155,15 +155,6 @@ def clean_error(message: str) -> str:
     return "; ".join(dict.fromkeys(kept)).replace(":; ", ": ") or str(message)
 
 
-def _fail_open_runs() -> None:
-    """A run that an error left RUNNING (an error outside the trainer's own handling) is marked FAILED."""
-    import mlflow
-
-    run = mlflow.active_run()
-    if run is not None:
-        mlflow.end_run("FAILED")
-
-
 def cli_main(args: list[str] | None = None) -> int:
     """Run the CLI on ``args`` (default: ``sys.argv[1:]``); return the exit code."""
     argv = list(sys.argv[1:] if args is None else args)
@@ -182,7 +173,6 @@ def cli_main(args: list[str] | None = None) -> int:
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     except _user_errors() as err:
-        _fail_open_runs()
         if os.environ.get("PAPERLAB_TRACEBACK"):
             raise
         print(f"error: {clean_error(str(err))}", file=sys.stderr)
