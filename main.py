@@ -45,7 +45,11 @@ class PaperlabCLI(LightningCLI):
             subclass_mode_data=True,
             save_config_callback=ConfigArtifact,
             save_config_kwargs={"save_to_log_dir": False},
-            parser_kwargs={"exit_on_error": False},
+            parser_kwargs={
+                "exit_on_error": False,
+                "description": "paperlab: fit / validate / test / predict a paper's method from its config. "
+                "Sweeps and run comparisons: python main.py sweep --help, python main.py compare --help.",
+            },
             args=args,
             run=run,
         )
