@@ -100,10 +100,10 @@ def test_bad_arguments(kw, match):
 def test_bad_batches_name_the_fix():
     model = WeightDriftModel(hidden=[4], in_dim=64)
     with pytest.raises(ValueError, match="in_dim"):
-        model._step((torch.randn(2, 10), torch.zeros(2, dtype=torch.long)), "train", model.train_acc)
+        model._step((torch.randn(2, 10), torch.zeros(2, dtype=torch.long)), "train")
     vit = WeightDriftModel(arch="vit", vit_dim=12, vit_heads=2, vit_depth=1)
     with pytest.raises(ValueError, match="image_shape"):
-        vit._step((torch.randn(2, 64), torch.zeros(2, dtype=torch.long)), "train", vit.train_acc)
+        vit._step((torch.randn(2, 64), torch.zeros(2, dtype=torch.long)), "train")
 
 
 def test_optimizers():
