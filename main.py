@@ -145,7 +145,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from callbacks.run_registry import CheckpointNotFound
     from datamodules.hub import HubDataUnavailable
 
-    return (ValueError, NonFiniteLossError, TrackingServerUnreachable, CheckpointNotFound, HubDataUnavailable)
+    return (ValueError, FloatingPointError, NonFiniteLossError, TrackingServerUnreachable, CheckpointNotFound,
+            HubDataUnavailable)
 
 
 _NOISE = ("Expected a <class 'NoneType'>", "Given value type:", "Given value:", "Subtypes:", "Errors:",
