@@ -22,7 +22,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from callbacks.best_metric import BestMetric
 from callbacks.config_artifact import ConfigArtifact, method_name
 from callbacks.guards import FiniteLossGuard, InterruptCheckpoint
-from callbacks.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, tracking_uri
+from callbacks.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, default_tracking_uri
 from callbacks.predictions import PredictionWriter
 from callbacks.run_registry import RunRegistry, archive_previous, resolve_checkpoint, run_id_for_checkpoint
 from callbacks.system_metrics import SystemMetrics
@@ -99,7 +99,7 @@ class PaperlabCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
     def _make_logger(self, experiment: str, name: str) -> PaperlabMLFlowLogger:
-        uri = tracking_uri()
+        uri = default_tracking_uri()
         check_tracking_server(uri)
         run = self._get(self.config, "run")
         tags = dict(run.tags or {})

@@ -37,7 +37,7 @@ class TrackingServerUnreachable(RuntimeError):
     """The tracking URI names an HTTP server that does not answer."""
 
 
-def tracking_uri() -> str:
+def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
@@ -112,7 +112,7 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         super().__init__(
             experiment_name=experiment_name,
             run_name=run_name,
-            tracking_uri=tracking_uri or globals()["tracking_uri"](),
+            tracking_uri=tracking_uri or default_tracking_uri(),
             tags=tags,
             run_id=run_id,
             log_model=False,

@@ -150,7 +150,7 @@ def _guard(fn, argv: list[str], bad_input: int) -> int:
 
 
 def _plan(args: argparse.Namespace):
-    from callbacks.mlflow_logger import tracking_uri
+    from callbacks.mlflow_logger import default_tracking_uri
     from sweeps.launchers import trainer_args
     from sweeps.runner import SweepPlan
     from sweeps.spec import checkpoint_root, expand, experiment_of, load_sweep, validate
@@ -164,7 +164,7 @@ def _plan(args: argparse.Namespace):
         points=points,
         experiment=experiment_of(resolved, spec.overrides),
         checkpoint_root=checkpoint_root(resolved, spec.overrides),
-        tracking_uri=tracking_uri(),
+        tracking_uri=default_tracking_uri(),
         extra_args=extra,
     )
 
@@ -310,12 +310,12 @@ def _write_slurm(args: argparse.Namespace, plan) -> Path:
 
 
 def compare_main(argv: list[str]) -> int:
-    from callbacks.mlflow_logger import check_tracking_server, tracking_uri
+    from callbacks.mlflow_logger import check_tracking_server, default_tracking_uri
     from sweeps.compare import compare, slug, table, write_outputs
     from sweeps.runner import client_for
 
     args = compare_parser().parse_args(argv)
-    uri = tracking_uri()
+    uri = default_tracking_uri()
     if not _store_exists(uri):
         raise SweepError(f"no MLflow store at {uri}: run something first, or set MLFLOW_TRACKING_URI")
     check_tracking_server(uri)
