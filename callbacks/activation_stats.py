@@ -11,9 +11,10 @@ Logged as ``diag/activations/<layer>/{sparsity,max,spike_ratio}`` plus the avera
 read a positively biased activation, ``diag/activations/downstream_sparsity`` and ``downstream_max`` (roles
 as in ``callbacks.weight_drift``).
 
-When: on the first ``eval_batches`` batches of every validation run (and the sanity check, which gives the
-initialisation), and, with ``every_n_steps > 0``, every n optimiser steps on the current training batch
-through the module's ``diagnostic_forward(batch)`` (or ``forward(batch[0])``) in eval mode.
+When (``schedule``): with ``at_validation`` on the first ``eval_batches`` batches of every validation run
+(and the sanity check, which gives the initialisation), and at the schedule's training steps on the
+current training batch through the module's ``diagnostic_forward(batch)`` (or ``forward(batch[0])``) in
+eval mode.
 
 DDP: zero counts, element counts and a log-spaced histogram of ``|h|`` (for the median) are summed over
 ranks and maxima are max-reduced, so with the core's sharded loader the numbers equal the single-process
@@ -22,15 +23,15 @@ ones. The median is read from that histogram (bins 0.5% wide in ``log10 |h|``), 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 
-from callbacks.figures import log_figure
-from callbacks.weight_drift import InputSourceTracer, forward_on, log_metrics, weight_layers
+from callbacks.diagnostic import Diagnostic, Moment, Schedule
+from callbacks.weight_drift import InputSourceTracer, forward_on, weight_layers
+from errors import ConfigError
 
 PREFIX = "diag/activations"
 _LOG_LO, _LOG_HI, _N_BINS = -10.0, 10.0, 4000  # log10|h| range of the median histogram (0.005 per bin)
@@ -54,47 +55,56 @@ def histogram_median(hist: Tensor) -> float:
     return 10 ** (_LOG_LO + (min(k, _N_BINS - 1) + 0.5) * width)
 
 
-class ActivationStats(Callback):
-    """Sparsity, maximum and spike ratio of the input of every linear/conv layer, on eval batches.
+class ActivationStats(Diagnostic):
+    """Sparsity, maximum and spike ratio of the input of every linear/conv layer.
 
     Args:
-        eval_batches: validation batches measured per validation run (0: none).
-        every_n_steps: also measure on the training batch every n optimiser steps (0: only on validation).
+        schedule: when to measure (default: at every validation run, on ``eval_batches`` batches; training
+            steps in the schedule measure on the training batch).
+        eval_batches: validation batches measured per validation run.
         exclude: skip layers whose name contains any of these strings.
-        plot: log a sparsity heat map (layer x step) and max-activation curves at the end of fit.
+        if_unsupported, plot, max_history: see ``Diagnostic``.
     """
+
+    name = "activations"
 
     def __init__(
         self,
+        schedule: Schedule = Schedule(at_fit_start=False, at_validation=True),
         eval_batches: int = 2,
-        every_n_steps: int = 0,
         exclude: list[str] = [],  # noqa: B006 - jsonargparse shows the default in --help
+        if_unsupported: Literal["error", "skip"] = "error",
         plot: bool = True,
+        max_history: int = 10_000,
     ) -> None:
-        if eval_batches < 0 or every_n_steps < 0:
-            raise ValueError(
-                f"eval_batches and every_n_steps must be >= 0, got {eval_batches}, {every_n_steps}"
+        super().__init__(schedule, if_unsupported, plot, max_history)
+        if eval_batches < 0:
+            raise ConfigError(f"eval_batches must be >= 0, got {eval_batches}")
+        measures_val = schedule.at_validation and eval_batches > 0
+        if not (measures_val or schedule.at_fit_start or schedule.every_n_steps or schedule.log_spaced):
+            raise ConfigError(
+                "ActivationStats would never measure: set eval_batches > 0 with at_validation, or every_n_steps"
             )
-        if eval_batches == 0 and every_n_steps == 0:
-            raise ValueError("ActivationStats would never measure: set eval_batches > 0 or every_n_steps > 0")
         self.eval_batches = eval_batches
-        self.every_n_steps = every_n_steps
         self.exclude = tuple(exclude)
-        self.plot = plot
         self.roles: dict[str, str] = {}
-        self.history: list[dict[str, float]] = []
         self._acc: dict[str, list[Any]] = {}
         self._handles: list[Any] = []
         self._tracer: InputSourceTracer | None = None
 
+    def unsupported_reason(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str | None:
+        if next(weight_layers(pl_module, self.exclude), None) is None:
+            return f"ActivationStats found no Linear/Conv layers in {type(pl_module).__name__}"
+        return None
+
     # --- hooks ------------------------------------------------------------------------------------------
-    def _attach(self, model: nn.Module) -> None:
+    def _attach_hooks(self, model: nn.Module) -> None:
         if not self.roles:
             self._tracer = InputSourceTracer(model, self.exclude).__enter__()
         for name, m in weight_layers(model, self.exclude):
             self._handles.append(m.register_forward_pre_hook(self._hook(name)))
 
-    def _detach(self) -> None:
+    def _detach_hooks(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -119,31 +129,36 @@ class ActivationStats(Callback):
 
         return hook
 
-    # --- reduction and logging --------------------------------------------------------------------------
-    def _flush(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        names = list(weight_layers(pl_module, self.exclude))
-        if not self._acc and not names:
-            return
-        layer_names = [n for n, _ in names]
-        device = pl_module.device
-        counts = torch.zeros(len(layer_names), 2 + _N_BINS, dtype=torch.float64, device=device)
-        maxima = torch.zeros(len(layer_names), dtype=torch.float64, device=device)
-        for i, n in enumerate(layer_names):
+    # --- measurement ------------------------------------------------------------------------------------
+    def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any] | None:
+        if moment.batch is not None:  # a training batch (the first one at fit start), in eval mode
+            was_training = pl_module.training
+            pl_module.eval()
+            try:
+                self._attach_hooks(pl_module)
+                with torch.no_grad():
+                    forward_on(pl_module, moment.batch)
+            finally:
+                self._detach_hooks()
+                pl_module.train(was_training)
+        if not self._acc:
+            return None
+        names = [n for n, _ in weight_layers(pl_module, self.exclude)]
+        counts = torch.zeros(len(names), 2 + _N_BINS, dtype=torch.float64)
+        maxima = torch.zeros(len(names), dtype=torch.float64)
+        for i, n in enumerate(names):
             if n in self._acc:
                 zeros, total, mx, hist = self._acc[n]
                 counts[i, 0], counts[i, 1], maxima[i] = zeros, total, mx
-                counts[i, 2:] = hist.to(device)
+                counts[i, 2:] = hist.cpu()
         self._acc = {}
-        if trainer.world_size > 1:
-            counts = trainer.strategy.reduce(counts, reduce_op="sum")
-            maxima = trainer.strategy.reduce(maxima, reduce_op="max")
-        metrics = self.summarise(layer_names, counts.cpu(), maxima.cpu())
-        step = trainer.global_step
-        if self.history and self.history[-1]["step"] == step:
-            self.history[-1] = {"step": float(step), **metrics}
-        else:
-            self.history.append({"step": float(step), **metrics})
-        log_metrics(trainer, {f"{PREFIX}/{k}": v for k, v in metrics.items()}, step)
+        return {"names": names, "counts": counts, "maxima": maxima}
+
+    def reduction(self, key: str) -> Literal["sum", "max", "min"] | None:
+        return {"counts": "sum", "maxima": "max"}.get(key)
+
+    def finalize(self, stats: dict[str, Any]) -> dict[str, float]:
+        return self.summarise(stats["names"], stats["counts"].cpu(), stats["maxima"].cpu())
 
     def summarise(self, layer_names: list[str], counts: Tensor, maxima: Tensor) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -165,7 +180,7 @@ class ActivationStats(Callback):
             out["downstream_max"] = max(down_mx)
         return out
 
-    # --- when -------------------------------------------------------------------------------------------
+    # --- validation batches -----------------------------------------------------------------------------
     def on_validation_batch_start(
         self,
         trainer: L.Trainer,
@@ -174,8 +189,8 @@ class ActivationStats(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if batch_idx < self.eval_batches and dataloader_idx == 0:
-            self._attach(pl_module)
+        if self.active and self.schedule.at_validation and batch_idx < self.eval_batches and dataloader_idx == 0:
+            self._attach_hooks(pl_module)
 
     def on_validation_batch_end(
         self,
@@ -186,62 +201,39 @@ class ActivationStats(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._detach()
-
-    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.eval_batches > 0:
-            self._flush(trainer, pl_module)
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if self.every_n_steps <= 0 or trainer.global_step % self.every_n_steps != 0:
-            return
-        if self.history and self.history[-1]["step"] == trainer.global_step:
-            return  # gradient accumulation: one measurement per optimiser step
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            self._attach(pl_module)
-            with torch.no_grad():
-                forward_on(pl_module, batch)
-        finally:
-            self._detach()
-            pl_module.train(was_training)
-        self._flush(trainer, pl_module)
+        self._detach_hooks()
 
     # --- state and figures ------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"roles": dict(self.roles), "history": list(self.history)}
+    def extra_state(self) -> dict[str, Any]:
+        return {"roles": dict(self.roles)}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.roles = dict(state_dict.get("roles", {}))
-        self.history = list(state_dict.get("history", []))
-
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.plot and self.history and trainer.is_global_zero and trainer.loggers:
-            log_figure(trainer, self.figure(), "figures/activation_stats.png")
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.roles = dict(state.get("roles", {}))
 
     def figure(self) -> Any:
-        """Sparsity heat map (layer x measurement) and max |h| per layer against step."""
-        import matplotlib
+        return activation_figure(list(self.history))
 
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
 
-        layers = sorted({k.rsplit("/", 1)[0] for h in self.history for k in h if k.endswith("/sparsity")})
-        steps = [h["step"] for h in self.history]
-        grid = [[h.get(f"{n}/sparsity", float("nan")) for h in self.history] for n in layers]
-        fig, axes = plt.subplots(1, 2, figsize=(12, max(3.0, 0.25 * len(layers) + 1)))
-        im = axes[0].imshow(grid, aspect="auto", vmin=0, vmax=1, cmap="viridis")
-        axes[0].set_yticks(range(len(layers)), layers, fontsize=6)
-        ticks = list(range(0, len(steps), max(1, len(steps) // 8)))
-        axes[0].set_xticks(ticks, [int(steps[i]) for i in ticks])
-        axes[0].set(xlabel="step", title="input sparsity (exact zeros)")
-        fig.colorbar(im, ax=axes[0])
-        for n in layers:
-            axes[1].plot(steps, [h.get(f"{n}/max", float("nan")) for h in self.history], label=n, alpha=0.7)
-        axes[1].set(xlabel="step", ylabel="max |h|", yscale="log", title="activation spikes")
-        axes[1].legend(fontsize=6)
-        fig.tight_layout()
-        return fig
+def activation_figure(history: list[dict[str, float]]) -> Any:
+    """Sparsity heat map (layer x measurement) and max |h| per layer against step."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    layers = sorted({k.rsplit("/", 1)[0] for h in history for k in h if k.endswith("/sparsity")})
+    steps = [h["step"] for h in history]
+    grid = [[h.get(f"{n}/sparsity", float("nan")) for h in history] for n in layers]
+    fig, axes = plt.subplots(1, 2, figsize=(12, max(3.0, 0.25 * len(layers) + 1)))
+    im = axes[0].imshow(grid, aspect="auto", vmin=0, vmax=1, cmap="viridis")
+    axes[0].set_yticks(range(len(layers)), layers, fontsize=6)
+    ticks = list(range(0, len(steps), max(1, len(steps) // 8)))
+    axes[0].set_xticks(ticks, [int(steps[i]) for i in ticks])
+    axes[0].set(xlabel="step", title="input sparsity (exact zeros)")
+    fig.colorbar(im, ax=axes[0])
+    for n in layers:
+        axes[1].plot(steps, [h.get(f"{n}/max", float("nan")) for h in history], label=n, alpha=0.7)
+    axes[1].set(xlabel="step", ylabel="max |h|", yscale="log", title="activation spikes")
+    axes[1].legend(fontsize=6)
+    fig.tight_layout()
+    return fig

@@ -8,6 +8,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from errors import ConfigError
+
 
 class BestMetric(Callback):
     """After every validation, log the best value so far of ``monitor`` as ``<monitor>_best``.
@@ -19,7 +21,7 @@ class BestMetric(Callback):
 
     def __init__(self, monitor: str = "val/acc", mode: str = "max") -> None:
         if mode not in ("max", "min"):
-            raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+            raise ConfigError(f"mode must be 'max' or 'min', got {mode!r}")
         self.monitor = monitor
         self.mode = mode
         self.best: float | None = None

@@ -9,10 +9,11 @@ the causal sets of irrelevant neurons are blanked. ``mode="full"`` keeps every c
 
 Protocols the model may expose (the callback never imports a method):
 
-* ``spike_times(batch) -> [(t_pre (B, N_in), t_post (B, N_out)), ...]`` per layer, ``inf`` = no spike.
-  Layer ``l``'s inputs are layer ``l - 1``'s outputs, optionally followed by extra (bias) inputs.
-* ``activation_patterns(batch) -> [bool (B, width), ...]``: the activation pattern of a piecewise-linear
-  network (its linear region).
+* ``spike_times(batch)`` (``callbacks.protocols.SpikeTimes``): ``[(t_pre (B, N_in), t_post (B, N_out)),
+  ...]`` per layer, ``inf`` = no spike. Layer ``l``'s inputs are layer ``l - 1``'s outputs, optionally
+  followed by extra (bias) inputs.
+* ``activation_patterns(batch)`` (``callbacks.protocols.ActivationPatterns``): ``[bool (B, width), ...]``,
+  the activation pattern of a piecewise-linear network (its linear region).
 * neither: forward hooks on every ``nn.ReLU`` / ``nn.LeakyReLU`` record ``pre-activation > 0`` (linear
   regions of a ReLU network).
 
@@ -32,13 +33,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import move_data_to_device
 from torch import Tensor, nn
+from torchmetrics import Metric
 
-from callbacks.figures import log_figure
+from callbacks.diagnostic import Diagnostic, Moment, Schedule
+from callbacks.protocols import ActivationPatterns, SpikeTimes
+from errors import ConfigError
 
 PREFIX = "diag/causal_pieces"
 # (x * _BYTE_MAGIC) >> 56 gathers the low bits of the 8 bytes of x into one byte (x's bytes are 0 or 1)
@@ -96,11 +101,24 @@ def causal_bits(pairs: list[tuple[Tensor, Tensor]], mode: str = "path") -> tuple
     return [m.flatten(1) for m in masks], relevant_total.float()
 
 
+# Leaf modules that keep a ReLU network piecewise linear in its input (batch norm in eval mode is affine).
+_PIECEWISE_LINEAR = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ReLU, nn.LeakyReLU, nn.Identity, nn.Flatten,
+                     nn.Dropout, nn.BatchNorm1d, nn.BatchNorm2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.MaxPool2d)
+
+
+def is_piecewise_linear_relu(module: nn.Module) -> bool:
+    """Whether every leaf of ``module`` is a linear/conv layer, a ReLU or a shape/affine op, with a ReLU:
+    then its activation patterns are its linear regions. (A transformer's ReLUs are not.)"""
+    leaves = [m for m in module.modules() if not any(True for _ in m.children()) and not isinstance(m, Metric)]
+    relus = any(isinstance(m, nn.ReLU | nn.LeakyReLU) for m in leaves)
+    return relus and all(isinstance(m, _PIECEWISE_LINEAR) for m in leaves)
+
+
 def relu_patterns(module: nn.Module, batch) -> list[Tensor]:
     """Activation patterns ``pre-activation > 0`` of every ReLU / LeakyReLU layer, found with forward hooks."""
     acts = [m for m in module.modules() if isinstance(m, (nn.ReLU, nn.LeakyReLU))]
     if not acts:
-        raise ValueError(
+        raise ConfigError(
             f"{type(module).__name__} has no spike_times(batch) or activation_patterns(batch) method and no "
             "nn.ReLU/nn.LeakyReLU layers: expose one of these protocols to count its pieces"
         )
@@ -116,9 +134,9 @@ def relu_patterns(module: nn.Module, batch) -> list[Tensor]:
 
 def piece_bits(module: nn.Module, batch, mode: str = "path") -> tuple[list[Tensor], Tensor | None]:
     """The per-layer key bits of every sample of ``batch`` through whichever protocol ``module`` offers."""
-    if hasattr(module, "spike_times"):
+    if isinstance(module, SpikeTimes):
         return causal_bits(module.spike_times(batch), mode)
-    if hasattr(module, "activation_patterns"):
+    if isinstance(module, ActivationPatterns):
         return [p.flatten(1).bool() for p in module.activation_patterns(batch)], None
     return relu_patterns(module, batch), None
 
@@ -140,11 +158,12 @@ class PieceCount:
         return self.count / self.samples
 
     def metrics(self) -> dict[str, float]:
+        """The logged values, without the ``diag/causal_pieces/`` prefix."""
         out = {"count": float(self.count), "fraction": self.fraction, "entropy": self.entropy}
         out.update({f"layer{l}_distinct_sets": float(n) for l, n in enumerate(self.layer_distinct)})
         if self.relevant_mean is not None:
             out["relevant_neurons_mean"] = self.relevant_mean
-        return {f"{PREFIX}/{k}": v for k, v in out.items()}
+        return out
 
 
 class _Accumulator:
@@ -152,7 +171,7 @@ class _Accumulator:
 
     def __init__(self, key: str, max_exact_bytes: int) -> None:
         if key not in ("auto", "exact", "hash128"):
-            raise ValueError(f"key must be 'auto', 'exact' or 'hash128', got {key!r}")
+            raise ConfigError(f"key must be 'auto', 'exact' or 'hash128', got {key!r}")
         self.key, self.max_exact_bytes = key, max_exact_bytes
         self.hashing = key == "hash128"
         self.layers: list[list[Tensor]] = []  # per layer, chunks of packed rows or of hashes
@@ -183,7 +202,7 @@ class _Accumulator:
         if not self.layers:
             self.layers = [[] for _ in packed]
         if len(packed) != len(self.layers):
-            raise ValueError("the model returned a different number of layers for different batches")
+            raise ConfigError("the model returned a different number of layers for different batches")
         self.samples += packed[0].shape[0]
         if relevant is not None:
             self.relevant += float(relevant.sum())
@@ -233,7 +252,7 @@ def count_pieces(
     With a multi-process ``trainer`` every rank passes its own shard and gets the count of the union.
     """
     if mode not in ("path", "full"):
-        raise ValueError(f"mode must be 'path' or 'full', got {mode!r}")
+        raise ConfigError(f"mode must be 'path' or 'full', got {mode!r}")
     acc = _Accumulator(key, max_exact_bytes)
     device = next(iter(module.parameters()), torch.zeros(0)).device
     was_training = module.training
@@ -259,7 +278,7 @@ def count_pieces(
     else:
         samples, rel = acc.samples, acc.relevant
     if samples == 0 or not acc.layers:
-        raise ValueError("the data split has no samples: count pieces on a split that has data (split='train')")
+        raise ConfigError("the data split has no samples: count pieces on a split that has data (split='train')")
     keys, counts, layers = acc.distinct()
     if distributed:
         keys_all = _gather_rows(trainer, keys)
@@ -271,7 +290,7 @@ def count_pieces(
         layers = [unique_rows(_gather_rows(trainer, k))[0] for k in layers]
     p = counts.double() / counts.sum()
     entropy = float(-(p * torch.log2(p)).sum())
-    has_rel = hasattr(module, "spike_times")
+    has_rel = isinstance(module, SpikeTimes)
     return PieceCount(
         count=int(keys.shape[0]),
         samples=samples,
@@ -317,102 +336,97 @@ def piece_map_figure(points: Tensor, ids: Tensor, classes: Tensor | None = None,
     return fig
 
 
-class CausalPieceCounter(L.Callback):
+class CausalPieceCounter(Diagnostic):
     """Logs the number of causal pieces (or linear regions) on a data split at fit start and every N epochs.
 
     Args:
-        every_n_epochs: count after every ``every_n_epochs``-th training epoch (0: only at fit start).
+        schedule: when to count (default: at initialisation, as ``count_init``, and after every epoch).
         split: data split to count on (``"train"``, ``"val"`` or ``"test"``), through the DataModule.
         max_samples: stop after about this many samples per rank (``None``: the whole split).
         mode: ``"path"`` (only the output's causal path) or ``"full"`` (every neuron's causal set).
         key: ``"auto"``, ``"exact"`` or ``"hash128"`` (see the module docstring).
-        log_at_fit_start: count the pieces at initialisation (logged at step 0 and as ``count_init``).
         max_exact_bytes: memory budget of exact keys before ``key="auto"`` switches to hashes.
         piece_map: at fit start and end, log a piece map of the input plane as an MLflow figure when the
             DataModule offers ``plane_grid(resolution) -> (points, inputs, classes)``.
         piece_map_resolution: points per side of the piece-map grid.
+        if_unsupported, plot, max_history: see ``Diagnostic``.
     """
+
+    name = "causal_pieces"
 
     def __init__(
         self,
-        every_n_epochs: int = 1,
-        split: str = "train",
+        schedule: Schedule = Schedule(every_n_epochs=1),
+        split: Literal["train", "val", "test"] = "train",
         max_samples: int | None = None,
-        mode: str = "path",
-        key: str = "auto",
-        log_at_fit_start: bool = True,
+        mode: Literal["path", "full"] = "path",
+        key: Literal["auto", "exact", "hash128"] = "auto",
         max_exact_bytes: int = 2**28,
         piece_map: bool = True,
         piece_map_resolution: int = 200,
+        if_unsupported: Literal["error", "skip"] = "error",
+        plot: bool = True,
+        max_history: int = 10_000,
     ) -> None:
-        super().__init__()
-        if every_n_epochs < 0:
-            raise ValueError(f"every_n_epochs must be >= 0, got {every_n_epochs}")
+        super().__init__(schedule, if_unsupported, plot, max_history)
         if mode not in ("path", "full"):
-            raise ValueError(f"mode must be 'path' or 'full', got {mode!r}")
+            raise ConfigError(f"mode must be 'path' or 'full', got {mode!r}")
         if key not in ("auto", "exact", "hash128"):
-            raise ValueError(f"key must be 'auto', 'exact' or 'hash128', got {key!r}")
-        self.every_n_epochs, self.split, self.max_samples = every_n_epochs, split, max_samples
-        self.mode, self.key, self.log_at_fit_start = mode, key, log_at_fit_start
+            raise ConfigError(f"key must be 'auto', 'exact' or 'hash128', got {key!r}")
+        self.split, self.max_samples = split, max_samples
+        self.mode, self.key = mode, key
         self.max_exact_bytes, self.piece_map, self.piece_map_resolution = (
             max_exact_bytes,
             piece_map,
             piece_map_resolution,
         )
-        self.history: list[dict[str, float]] = []
+
+    def unsupported_reason(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str | None:
+        if isinstance(pl_module, SpikeTimes | ActivationPatterns) or is_piecewise_linear_relu(pl_module):
+            return None
+        return (
+            f"CausalPieceCounter needs {type(pl_module).__name__}.spike_times(batch) (spiking networks) or "
+            ".activation_patterns(batch) (piecewise-linear networks), or a network of only linear/conv layers "
+            "and ReLUs to hook"
+        )
 
     def _loader(self, trainer: L.Trainer):
         dm = trainer.datamodule
         make = getattr(dm, f"{self.split}_dataloader", None) if dm is not None else None
         if make is None:
-            raise ValueError(
+            raise ConfigError(
                 f"CausalPieceCounter reads the {self.split!r} split through the DataModule: pass a DataModule "
                 f"with a {self.split}_dataloader() method to the Trainer (or choose another split)"
             )
         return make()
 
-    def measure(self, trainer: L.Trainer, pl_module: L.LightningModule) -> PieceCount:
+    def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, float]:
+        """The count of the union over ranks (every rank returns the same values)."""
         per_rank = None if self.max_samples is None else math.ceil(self.max_samples / trainer.world_size)
         result = count_pieces(
             pl_module, self._loader(trainer), self.mode, self.key, per_rank, self.max_exact_bytes, trainer
         )
-        metrics = result.metrics()
-        self.history.append({"epoch": float(trainer.current_epoch), **metrics})
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
-        # callback_metrics also travel back from ddp_spawn workers and can be monitored
-        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
-        return result
+        values = result.metrics()
+        if moment.kind == "fit_start":
+            values["count_init"] = float(result.count)
+        return values
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.log_at_fit_start:
-            result = self.measure(trainer, pl_module)
-            for logger in trainer.loggers:
-                logger.log_metrics({f"{PREFIX}/count_init": float(result.count)}, step=0)
-            trainer.callback_metrics[f"{PREFIX}/count_init"] = torch.tensor(float(result.count))
-        self._log_piece_map(trainer, pl_module, "init")
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
-            self.measure(trainer, pl_module)
+        super().on_fit_start(trainer, pl_module)
+        if self.active and trainer.global_step == 0:
+            self._log_piece_map(trainer, pl_module, "init")
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._log_piece_map(trainer, pl_module, "final")
+        if self.active:
+            self._log_piece_map(trainer, pl_module, "final")
 
     def _log_piece_map(self, trainer: L.Trainer, pl_module: L.LightningModule, tag: str) -> None:
         grid = getattr(trainer.datamodule, "plane_grid", None)
-        if not self.piece_map or grid is None or trainer.global_rank != 0 or not trainer.loggers:
+        if not (self.piece_map and self.plot) or grid is None or trainer.global_rank != 0 or not trainer.loggers:
             return
         points, inputs, classes = grid(self.piece_map_resolution)
         ids = piece_ids(pl_module, inputs.to(pl_module.device), self.mode)
         n = int(ids.max()) + 1
-        for logger in trainer.loggers:
-            logger.log_metrics({f"{PREFIX}/grid_count_{tag}": float(n)}, step=trainer.global_step)
+        self.emit(trainer, {f"grid_count_{tag}": float(n)}, trainer.global_step)
         fig = piece_map_figure(points, ids, classes, f"{tag}: {n} causal pieces on the input plane ({self.mode})")
-        log_figure(trainer, fig, f"figures/causal_pieces/piece_map_{tag}.png")
-
-    def state_dict(self) -> dict:
-        return {"history": list(self.history)}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.history = list(state_dict.get("history", []))
+        self.log_figure(trainer, fig, f"figures/causal_pieces/piece_map_{tag}.png")

@@ -72,10 +72,9 @@ class ConfigArtifact(SaveConfigCallback):
         log_artifact_bytes(logger, dumped, f"config/{name}")
         if isinstance(logger, PaperlabMLFlowLogger):
             logger.set_tags(run_tags(trainer, pl_module, stage))
-            if stage == "fit":
-                params = yaml.safe_load(dumped)
-                # Run controls, not hyperparameters: they legitimately change between a run and its resume.
-                for key in ("config", "ckpt_path", "weights_only"):
-                    params.pop(key, None)
-                logger.log_params_dict(params)
-            logger.params_from_config = True
+        if stage == "fit":
+            params = yaml.safe_load(dumped)
+            # Run controls, not hyperparameters: they legitimately change between a run and its resume.
+            for key in ("config", "ckpt_path", "weights_only"):
+                params.pop(key, None)
+            logger.log_hyperparams(params)

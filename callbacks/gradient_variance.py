@@ -21,89 +21,81 @@ over the global batch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from torch import nn
 
+from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from callbacks.grad_variance import GradientVarianceEstimator, GradStats, estimate_gradient_variance, finalize
 from callbacks.grad_variance.estimator import METHODS, param_groups
 from callbacks.grad_variance.per_sample import batch_size, slice_batch
+from callbacks.protocols import PerSampleLoss
+from errors import ConfigError
 
 __all__ = ["GradientVariance", "estimate_gradient_variance"]
 
 
-class GradientVariance(Callback):
-    """Logs per-sample gradient variance statistics every ``every_n_steps`` optimizer steps.
+class GradientVariance(Diagnostic):
+    """Per-sample gradient variance statistics of the batch about to be trained on.
 
     Args:
-        every_n_steps: cadence in optimizer steps (the first step is measured).
+        schedule: when to measure (default: the first step and every 25 optimiser steps).
         method: "auto" (fast hook path when it covers the model, else torch.func vmap, else a loop over
             single samples; the choice is logged once), "hooks", "vmap" or "loop".
         per_layer: also log the values of every module owning parameters.
         group_depth: cut module paths to this many components for the per-layer values (None: full path).
         max_samples: use at most this many samples of each rank's batch (None: all) to bound the cost.
         loss_method: name of the LightningModule method returning the ``(B,)`` per-sample losses.
-        prefix: metric-name prefix.
+        if_unsupported, plot, max_history: see ``Diagnostic``.
     """
+
+    name = "grad_var"
+    moment = "before_step"
 
     def __init__(
         self,
-        every_n_steps: int = 25,
-        method: str = "auto",
+        schedule: Schedule = Schedule(every_n_steps=25),
+        method: Literal["auto", "hooks", "vmap", "loop"] = "auto",
         per_layer: bool = True,
         group_depth: int | None = None,
         max_samples: int | None = None,
         loss_method: str = "per_sample_loss",
-        prefix: str = "diag/grad_var",
+        if_unsupported: Literal["error", "skip"] = "error",
+        plot: bool = False,
+        max_history: int = 10_000,
     ) -> None:
-        super().__init__()
-        if every_n_steps <= 0:
-            raise ValueError(f"every_n_steps must be a positive integer, got {every_n_steps}")
+        super().__init__(schedule, if_unsupported, plot, max_history)
         if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        if max_samples is not None and max_samples < 1:
-            raise ValueError(f"max_samples must be positive or None, got {max_samples}")
-        self.every_n_steps = every_n_steps
+            raise ConfigError(f"method must be one of {METHODS}, got {method!r}")
+        if max_samples is not None and max_samples < 2:
+            raise ConfigError(f"max_samples must be at least 2 or None, got {max_samples}")
         self.method = method
         self.per_layer = per_layer
         self.group_depth = group_depth
         self.max_samples = max_samples
         self.loss_method = loss_method
-        self.prefix = prefix
         self.estimator = GradientVarianceEstimator(method, group_depth)
-        self.last: dict | None = None
-        self.history: list[tuple[int, dict]] = []
-        self._batch: Any = None
+        self._groups: dict[str, str] = {}
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if not callable(getattr(pl_module, self.loss_method, None)):
-            raise ValueError(
-                f"GradientVariance needs {type(pl_module).__name__}.{self.loss_method}(batch) returning the "
-                f"(B,) per-sample losses; add that method or set loss_method"
+    def unsupported_reason(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str | None:
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in pl_module.modules()):
+            return (
+                f"GradientVariance cannot measure {type(pl_module).__name__}: batch normalisation couples the "
+                "samples of a batch, so per-sample gradients are not defined"
             )
+        ok = isinstance(pl_module, PerSampleLoss) if self.loss_method == "per_sample_loss" else True
+        if ok and callable(getattr(pl_module, self.loss_method, None)):
+            return None
+        return (
+            f"GradientVariance needs {type(pl_module).__name__}.{self.loss_method}(batch) returning the (B,) "
+            "per-sample losses whose mean is the training loss: add that method or set loss_method"
+        )
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *_: Any
-    ) -> None:
-        self._batch = batch
-
-    def on_before_optimizer_step(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
-    ) -> None:
-        if self._batch is None or trainer.global_step % self.every_n_steps != 0:
-            return
-        result = self.compute(trainer, pl_module, self._batch)
-        self._batch = None
-        self.last = result
-        self.history.append((trainer.global_step, result))
-        metrics = self.metrics(result)
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
-
-    def compute(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any) -> dict:
-        """Per-sample statistics on this rank's ``batch``, summed across ranks, then the estimates."""
+    def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any]:
+        """This rank's additive statistics on its shard of the batch (never the averaged ``.grad``)."""
+        batch = moment.batch
         if self.max_samples is not None:
             n = batch_size(batch)
             batch = slice_batch(batch, slice(0, min(n, self.max_samples)), n)
@@ -114,20 +106,30 @@ class GradientVariance(Callback):
 
         with torch.enable_grad(), torch.autocast(pl_module.device.type, enabled=False):
             stats = self.estimator.stats(pl_module, per_sample_loss, batch)
-        if trainer.world_size > 1:
-            names = sorted(stats.sum_sq)
-            vec = trainer.strategy.reduce(stats.flatten(names), reduce_op="sum")
-            stats = GradStats.unflatten(vec, names, [stats.sum_g[k].numel() for k in names])
-        out = finalize(stats, param_groups(pl_module, self.group_depth))
-        out["method"] = self.estimator.chosen
+        self._groups = param_groups(pl_module, self.group_depth)
+        out: dict[str, Any] = {"n": torch.tensor(float(stats.n), dtype=torch.float64)}
+        for k in stats.sum_sq:
+            out[f"sq/{k}"], out[f"g/{k}"] = stats.sum_sq[k], stats.sum_g[k]
         return out
 
+    def reduction(self, key: str) -> Literal["sum", "max", "min"] | None:
+        return "sum"
+
+    def finalize(self, stats: dict[str, Any]) -> dict[str, float]:
+        grads = GradStats(n=int(round(float(stats["n"]))))
+        for key, value in stats.items():
+            if key.startswith("sq/"):
+                name = key[3:]
+                grads.sum_sq[name], grads.sum_g[name] = value, stats[f"g/{name}"]
+        return self.metrics(finalize(grads, self._groups))
+
     def metrics(self, result: dict) -> dict[str, float]:
-        p = self.prefix
-        out = {f"{p}/{k}": float(result[k]) for k in ("trace", "grad_norm_sq", "noise_scale")}
-        out[f"{p}/minibatch_var"] = float(result["trace"]) / result["n"]
+        """The logged values (without the ``diag/grad_var/`` prefix) from ``finalize``'s estimates."""
+        out = {k: float(result[k]) for k in ("trace", "grad_norm_sq", "noise_scale")}
+        out["minibatch_var"] = float(result["trace"]) / result["n"]
+        out["n"] = float(result["n"])
         if self.per_layer:
             for g, vals in result["groups"].items():
                 for k, v in vals.items():
-                    out[f"{p}/{g}/{k}"] = float(v)
+                    out[f"{g}/{k}"] = float(v)
         return out

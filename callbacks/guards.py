@@ -9,11 +9,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from callbacks.mlflow_logger import PaperlabMLFlowLogger
+from errors import ConfigError, NonFiniteLossError
 
-
-class NonFiniteLossError(RuntimeError):
-    """Training produced a NaN or infinite loss."""
+__all__ = ["FiniteLossGuard", "InterruptCheckpoint", "NonFiniteLossError"]
 
 
 class FiniteLossGuard(Callback):
@@ -27,7 +25,7 @@ class FiniteLossGuard(Callback):
 
     def __init__(self, check_every_n_steps: int = 10) -> None:
         if check_every_n_steps <= 0:
-            raise ValueError(f"check_every_n_steps must be positive, got {check_every_n_steps}")
+            raise ConfigError(f"check_every_n_steps must be positive, got {check_every_n_steps}")
         self.check_every_n_steps = check_every_n_steps
         self._first_bad: torch.Tensor | None = None
         self._step = 0
@@ -70,7 +68,7 @@ class FiniteLossGuard(Callback):
 
 
 class InterruptCheckpoint(Callback):
-    """On Ctrl-C: write ``interrupted.ckpt`` into ``dirpath`` and mark the MLflow run KILLED.
+    """On Ctrl-C: write ``interrupted.ckpt`` into ``dirpath`` (the MLflow logger marks the run KILLED).
 
     ``last.ckpt`` stays the last epoch-end checkpoint, so ``--ckpt_path last`` resumes exactly (mid-epoch
     state of the data order is not saved); ``interrupted.ckpt`` keeps the weights at the interruption.
@@ -82,8 +80,5 @@ class InterruptCheckpoint(Callback):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, KeyboardInterrupt):
             return
-        for logger in trainer.loggers:
-            if isinstance(logger, PaperlabMLFlowLogger):
-                logger.interrupted = True
         if self.dirpath and trainer.state.fn == "fit":
             trainer.save_checkpoint(str(Path(self.dirpath) / "interrupted.ckpt"))

@@ -7,7 +7,8 @@ Differences from Lightning's ``MLFlowLogger`` and why:
   explicit marker and lives in full in the ``config/config.yaml`` artifact), ``_instantiator`` and
   ``_class_path`` noise is dropped, and a param that already exists in the run (a resume) is not sent
   again: if its value changed, the new value goes to a ``param_changed.<key>`` tag instead of crashing;
-- an interrupted run (Ctrl-C) ends as KILLED rather than FAILED;
+- the logger decides how a run ends: an interrupted run (Ctrl-C: ``finalize`` is called while the
+  ``KeyboardInterrupt`` is being handled) ends as KILLED rather than FAILED;
 - metrics are buffered and written in one batch at most every ``flush_every_s`` seconds (and when the run
   ends, fails or is interrupted): one synchronous sqlite commit costs about 10 ms, several training steps
   of the small models most papers here train. MLflow's own asynchronous mode instead costs one to two
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -28,12 +30,14 @@ from typing import Any
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
+from errors import PaperlabError
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_PARAM_LENGTH = 6000
 DROPPED_PARAM_KEYS = ("_instantiator", "_class_path")
 
 
-class TrackingServerUnreachable(RuntimeError):
+class TrackingServerUnreachable(PaperlabError, RuntimeError):
     """The tracking URI names an HTTP server that does not answer."""
 
 
@@ -120,9 +124,15 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         self.flush_every_s = flush_every_s
         self._pending: list[Any] = []
         self._last_flush = time.monotonic()
-        self.interrupted = False
-        self.params_from_config = False
         self._existing_params: dict[str, str] | None = None
+
+    @property
+    def tracking_uri(self) -> str:
+        return self._tracking_uri
+
+    @property
+    def experiment_name(self) -> str:
+        return self._experiment_name
 
     def existing_params(self) -> dict[str, str]:
         if self._existing_params is None:
@@ -155,10 +165,7 @@ class PaperlabMLFlowLogger(MLFlowLogger):
 
     @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any] | Namespace) -> None:
-        # Under the CLI the whole resolved config is logged first (ConfigArtifact), which already holds
-        # every model and data hyperparameter under its config key; logging them again would duplicate them.
-        if self.params_from_config:
-            return
+        """Nested params flattened to dotted keys (under the CLI: the resolved config, once)."""
         if isinstance(params, Namespace):
             params = vars(params)
         self.log_params_dict(dict(params))
@@ -198,8 +205,8 @@ class PaperlabMLFlowLogger(MLFlowLogger):
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
-        if self.interrupted and status == "failed":
-            status = "KILLED"
+        if status == "failed" and isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            status = "KILLED"  # Lightning finalizes while it handles the Ctrl-C
         if self._initialized:
             self.flush()
         super().finalize(status)

@@ -18,11 +18,13 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.figures import mlflow_logger
+from callbacks.mlflow_logger import PaperlabMLFlowLogger
+from errors import PaperlabError
 
 RUN_FILE = "mlflow_run.json"
 
 
-class CheckpointNotFound(FileNotFoundError):
+class CheckpointNotFound(PaperlabError, FileNotFoundError):
     """``--ckpt_path`` names a checkpoint that does not exist."""
 
 
@@ -100,14 +102,14 @@ class RunRegistry(Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         logger = mlflow_logger(trainer)
-        if logger is None or not trainer.is_global_zero:
+        if not isinstance(logger, PaperlabMLFlowLogger) or not trainer.is_global_zero:
             return
         directory = Path(self.dirpath)
         directory.mkdir(parents=True, exist_ok=True)
         record = {
             "run_id": logger.run_id,
-            "experiment_name": logger._experiment_name,
+            "experiment_name": logger.experiment_name,
             "experiment_id": logger.experiment_id,
-            "tracking_uri": logger._tracking_uri,
+            "tracking_uri": logger.tracking_uri,
         }
         (directory / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")

@@ -10,6 +10,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.figures import mlflow_logger
+from callbacks.mlflow_logger import PaperlabMLFlowLogger
+from errors import ConfigError
 
 
 class SystemMetrics(Callback):
@@ -20,14 +22,14 @@ class SystemMetrics(Callback):
 
     def __init__(self, sampling_interval: float = 10.0, samples_before_logging: int = 1) -> None:
         if sampling_interval <= 0 or samples_before_logging <= 0:
-            raise ValueError("sampling_interval and samples_before_logging must be positive")
+            raise ConfigError("sampling_interval and samples_before_logging must be positive")
         self.sampling_interval = sampling_interval
         self.samples_before_logging = samples_before_logging
         self._monitor = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         logger = mlflow_logger(trainer)
-        if logger is None or not trainer.is_global_zero:
+        if not isinstance(logger, PaperlabMLFlowLogger) or not trainer.is_global_zero:
             return
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
@@ -36,7 +38,7 @@ class SystemMetrics(Callback):
             sampling_interval=self.sampling_interval,
             samples_before_logging=self.samples_before_logging,
             resume_logging=True,
-            tracking_uri=logger._tracking_uri,
+            tracking_uri=logger.tracking_uri,
         )
         self._monitor.start()
 

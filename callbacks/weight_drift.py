@@ -1,39 +1,37 @@
 """Weight drift (paper 000-09): do the weights that read a positively biased activation drift negative?
 
-For every linear / convolutional layer ``z' = W h + b`` this logs, every ``every_n_steps`` optimiser steps,
-``mean(W)``, the fraction of negative entries of ``W`` and the drift ``mean(W_t - W_0)`` from the initial
-weights (the drift removes the initialisation's own offset). Layers get a role from what they read:
+For every linear / convolutional layer ``z' = W h + b`` this logs ``mean(W)``, the fraction of negative
+entries of ``W`` and the drift ``mean(W_t - W_0)`` from the initial weights (the drift removes the
+initialisation's own offset). Layers get a role from what they read:
 
-- ``downstream``: ``h`` is the output of a positively biased activation (relu, gelu, silu, their squares),
-  the layers the paper predicts drift negative;
-- ``symmetric``: ``h`` is the output of tanh or identity, the control;
+- ``downstream``: ``h`` is the output of a positively biased activation (``positive_bias`` on the
+  activation's class, see ``modules.components.activations``), the layers the paper predicts drift negative;
+- ``symmetric``: ``h`` is the output of a symmetric activation (tanh, identity), the control;
 - ``other``: anything else (the input layer, attention projections, a classifier reading a norm).
 
 Roles are found once, by forward hooks during the first training step: a layer reads an activation if its
 input tensor is that activation's output (possibly through dropout, pooling or flatten). Models whose
 activations are plain functions rather than modules can name their downstream layers with ``downstream``.
 
-The initial weights are part of the callback's ``state_dict``, so a run resumed from a checkpoint measures
-drift from the true initialisation. Under DDP the weights (and the averaged gradients) are identical on
-every rank, so rank 0's numbers are the global ones; nothing needs reducing.
+The initial weights are part of the callback's state, so a run resumed from a checkpoint measures drift
+from the true initialisation. Under DDP the weights (and the averaged gradients) are identical on every
+rank, so nothing needs reducing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 
-from callbacks.figures import log_figure
-from modules.components.activations import GELU2, QuantileReLU, ReLU2
+from callbacks.diagnostic import Diagnostic, Moment, Schedule
+from errors import ConfigError
+from modules.components.activations import activation_bias
 
 PREFIX = "diag/weight_drift"
 WEIGHT_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-_POSITIVE = (nn.ReLU, nn.GELU, nn.SiLU, nn.ReLU6, nn.Softplus, nn.ELU, ReLU2, GELU2, QuantileReLU)
-_SYMMETRIC = (nn.Tanh, nn.Identity, nn.Hardtanh, nn.Softsign)
 _PASSTHROUGH = (
     nn.Dropout,
     nn.Flatten,
@@ -77,7 +75,7 @@ class InputSourceTracer:
 
     def __enter__(self) -> InputSourceTracer:
         for name, m in self.model.named_modules():
-            if isinstance(m, _POSITIVE + _SYMMETRIC + _PASSTHROUGH):
+            if isinstance(m, _PASSTHROUGH) or activation_bias(m) is not None:
                 self._handles.append(m.register_forward_hook(self._activation_hook))
             elif name in self.layers:
                 self._handles.append(m.register_forward_pre_hook(self._layer_hook(name)))
@@ -107,107 +105,91 @@ class InputSourceTracer:
             found = self._origin.get(args[0].data_ptr())
             act = found[1] if found is not None else None
             self.sources[name] = type(act).__name__ if act is not None else None
-            if isinstance(act, _POSITIVE):
-                self.roles[name] = "downstream"
-            elif isinstance(act, _SYMMETRIC):
-                self.roles[name] = "symmetric"
-            else:
-                self.roles[name] = "other"
+            bias = activation_bias(act) if act is not None else None
+            self.roles[name] = {True: "downstream", False: "symmetric", None: "other"}[bias]
 
         return hook
 
 
 def forward_on(pl_module: L.LightningModule, batch: Any) -> Any:
-    """The module's documented diagnostic forward, else ``forward(batch[0])``."""
+    """The module's ``diagnostic_forward(batch)`` (``callbacks.protocols.DiagnosticForward``), else
+    ``forward(batch[0])``."""
     if hasattr(pl_module, "diagnostic_forward"):
         return pl_module.diagnostic_forward(batch)
     return pl_module(batch[0] if isinstance(batch, list | tuple) else batch)
 
 
-def log_metrics(trainer: L.Trainer, metrics: dict[str, float], step: int) -> None:
-    """Straight to the loggers, rank 0 only (one call instead of one ``self.log`` per scalar)."""
-    if trainer.is_global_zero:
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
-
-
-class WeightDrift(Callback):
+class WeightDrift(Diagnostic):
     """Per-layer mean weight, fraction of negative weights and drift from initialisation.
 
     Logs ``diag/weight_drift/<layer>/{mean,frac_negative,drift}`` (and ``/grad_mean``, the mean of
-    ``dL/dW`` just before the step, when ``log_grad_mean``), plus per role (``downstream``, ``symmetric``,
-    ``other``) the layer-averaged ``<role>_mean_drift`` and ``<role>_frac_negative``. The paper's summary is
-    ``diag/weight_drift/downstream_mean_drift``.
+    ``dL/dW`` of the step that produced the logged weights, when ``log_grad_mean``), plus per role
+    (``downstream``, ``symmetric``, ``other``) the layer-averaged ``<role>_mean_drift`` and
+    ``<role>_frac_negative``. The paper's summary is ``diag/weight_drift/downstream_mean_drift``.
 
     Args:
-        every_n_steps: log after every n-th optimiser step (and at step 0, the initialisation).
+        schedule: when to measure (default: the initialisation and every 50 optimiser steps).
         log_grad_mean: also log the layer-mean gradient at the logged steps (tests the sign claim directly).
         exclude: skip layers whose name contains any of these strings.
         downstream: names of layers to treat as downstream regardless of the hook detection.
-        plot: log a figure of drift against step per layer at the end of fit.
+        if_unsupported, plot, max_history: see ``Diagnostic``.
     """
+
+    name = "weight_drift"
 
     def __init__(
         self,
-        every_n_steps: int = 50,
+        schedule: Schedule = Schedule(every_n_steps=50),
         log_grad_mean: bool = True,
         exclude: list[str] = [],  # noqa: B006 - jsonargparse shows the default in --help
         downstream: list[str] = [],  # noqa: B006
+        if_unsupported: Literal["error", "skip"] = "error",
         plot: bool = True,
+        max_history: int = 10_000,
     ) -> None:
-        if every_n_steps <= 0:
-            raise ValueError(f"every_n_steps must be a positive integer, got {every_n_steps}")
-        self.every_n_steps = every_n_steps
+        super().__init__(schedule, if_unsupported, plot, max_history)
         self.log_grad_mean = log_grad_mean
         self.exclude = tuple(exclude)
         self.downstream = tuple(downstream)
-        self.plot = plot
         self.initial: dict[str, Tensor] = {}
         self.roles: dict[str, str] = {}
-        self.history: list[dict[str, float]] = []
         self._grad_mean: dict[str, float] = {}
         self._tracer: InputSourceTracer | None = None
-        self._last_step = -1
+
+    def unsupported_reason(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str | None:
+        if next(weight_layers(pl_module, self.exclude), None) is None:
+            return f"WeightDrift found no Linear/Conv layers in {type(pl_module).__name__} (exclude={list(self.exclude)})"
+        return None
 
     # --- reference state -------------------------------------------------------------------------------
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def attach(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         layers = dict(weight_layers(pl_module, self.exclude))
-        if not layers:
-            raise ValueError(
-                f"WeightDrift found no Linear/Conv layers in {type(pl_module).__name__} "
-                f"(exclude={self.exclude})"
-            )
         if not self.initial:  # fresh run; a resumed run got its W_0 from load_state_dict
             self.initial = {n: m.weight.detach().clone() for n, m in layers.items()}
         else:
             missing = sorted(set(layers) - set(self.initial))
             if missing:
-                raise ValueError(
+                raise ConfigError(
                     f"WeightDrift's saved initial weights lack layers {missing[:5]}: was the model changed?"
                 )
             self.initial = {n: self.initial[n].to(layers[n].weight.device) for n in layers}
-        self._last_step = -1
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "initial": {n: w.detach().cpu() for n, w in self.initial.items()},
-            "roles": dict(self.roles),
-            "history": list(self.history),
-        }
+    def extra_state(self) -> dict[str, Any]:
+        return {"initial": {n: w.detach().cpu() for n, w in self.initial.items()}, "roles": dict(self.roles)}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.initial = {n: w.clone() for n, w in state_dict["initial"].items()}
-        self.roles = dict(state_dict.get("roles", {}))
-        self.history = list(state_dict.get("history", []))
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.initial = {n: w.clone() for n, w in state.get("initial", {}).items()}
+        self.roles = dict(state.get("roles", {}))
 
     # --- roles ------------------------------------------------------------------------------------------
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if not self.roles:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        if self.active and not self.roles and self._tracer is None:
             self._tracer = InputSourceTracer(pl_module, self.exclude).__enter__()
 
-    def _finish_tracing(self, pl_module: L.LightningModule) -> None:
+    def _finish_tracing(self) -> None:
         if self._tracer is None:
             return
         self._tracer.__exit__()
@@ -220,11 +202,9 @@ class WeightDrift(Callback):
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
     ) -> None:
-        self._finish_tracing(pl_module)
-        if trainer.global_step == 0 and not self.history:
-            # W = W_0 still (the step has not been taken): the curves start at the origin
-            self._measure(trainer, pl_module, with_grads=False)
-        if self.log_grad_mean and (trainer.global_step + 1) % self.every_n_steps == 0:
+        self._finish_tracing()
+        super().on_before_optimizer_step(trainer, pl_module, optimizer)  # the initialisation, at step 0
+        if self.active and self.log_grad_mean and self.schedule.due_step(trainer.global_step + 1):
             # the gradient that produces the step about to be logged; DDP has already averaged it
             self._grad_mean = {
                 n: m.weight.grad.double().mean().item()
@@ -232,9 +212,15 @@ class WeightDrift(Callback):
                 if m.weight.grad is not None
             }
 
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._finish_tracing()
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
     # --- measurement ------------------------------------------------------------------------------------
     def compute(self, pl_module: nn.Module) -> dict[str, float]:
-        """All metrics for the current weights (keys without the ``diag/weight_drift/`` prefix)."""
+        """All values for the current weights (keys without the ``diag/weight_drift/`` prefix)."""
         out: dict[str, float] = {}
         per_role: dict[str, list[tuple[float, float]]] = {r: [] for r in ROLES}
         for name, m in weight_layers(pl_module, self.exclude):
@@ -249,48 +235,35 @@ class WeightDrift(Callback):
                 out[f"{role}_frac_negative"] = sum(v[1] for v in vals) / len(vals)
         return out
 
-    def _measure(self, trainer: L.Trainer, pl_module: L.LightningModule, with_grads: bool = True) -> None:
-        step = trainer.global_step
-        if step == self._last_step:
-            return
-        self._last_step = step
-        metrics = self.compute(pl_module)
-        if with_grads:
-            for name, g in self._grad_mean.items():
-                metrics[f"{name}/grad_mean"] = g
+    def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, float]:
+        values = self.compute(pl_module)
+        if moment.kind == "step":
+            values.update({f"{name}/grad_mean": g for name, g in self._grad_mean.items()})
             self._grad_mean = {}
-        self.history.append({"step": float(step), **metrics})
-        log_metrics(trainer, {f"{PREFIX}/{k}": v for k, v in metrics.items()}, step)
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._finish_tracing(pl_module)
-        if trainer.global_step > 0 and trainer.global_step % self.every_n_steps == 0:
-            self._measure(trainer, pl_module)
-
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.plot and self.history and trainer.is_global_zero and trainer.loggers:
-            log_figure(trainer, self.figure(), "figures/weight_drift.png")
+        return values
 
     def figure(self) -> Any:
-        """Drift ``mean(W_t - W_0)`` against step, one line per layer, coloured by role."""
-        import matplotlib
+        return drift_figure(list(self.history), self.roles, list(self.initial))
 
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        colours = {"downstream": "tab:red", "symmetric": "tab:blue", "other": "tab:gray"}
-        steps = [h["step"] for h in self.history]
-        for name in self.initial:
-            role = self.roles.get(name, "other")
-            for ax, key in zip(axes, ("drift", "frac_negative")):
-                ys = [h.get(f"{name}/{key}", float("nan")) for h in self.history]
-                ax.plot(steps, ys, color=colours[role], alpha=0.7, label=f"{name} ({role})")
-        axes[0].axhline(0.0, color="k", lw=0.5)
-        axes[0].set(xlabel="step", ylabel="mean(W_t - W_0)", title="weight drift per layer")
-        axes[1].set(xlabel="step", ylabel="fraction W < 0", title="negative weights per layer")
-        axes[1].legend(fontsize=6, loc="best")
-        fig.tight_layout()
-        return fig
+def drift_figure(history: list[dict[str, float]], roles: dict[str, str], layers: list[str]) -> Any:
+    """Drift ``mean(W_t - W_0)`` and the fraction of negative weights against step, one line per layer."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    colours = {"downstream": "tab:red", "symmetric": "tab:blue", "other": "tab:gray"}
+    steps = [h["step"] for h in history]
+    for name in layers:
+        role = roles.get(name, "other")
+        for ax, key in zip(axes, ("drift", "frac_negative")):
+            ys = [h.get(f"{name}/{key}", float("nan")) for h in history]
+            ax.plot(steps, ys, color=colours[role], alpha=0.7, label=f"{name} ({role})")
+    axes[0].axhline(0.0, color="k", lw=0.5)
+    axes[0].set(xlabel="step", ylabel="mean(W_t - W_0)", title="weight drift per layer")
+    axes[1].set(xlabel="step", ylabel="fraction W < 0", title="negative weights per layer")
+    axes[1].legend(fontsize=6, loc="best")
+    fig.tight_layout()
+    return fig

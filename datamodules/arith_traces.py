@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from datamodules.base import TensorDataModule, seeded_split
+from errors import ConfigError
 
 N_DIGITS = 10
 BOS, THINK, END_THINK, P_AB, P_AC, P_BC, EOS, PAD = range(10, 18)
@@ -53,7 +54,7 @@ OPS = {"max": torch.maximum, "sum_mod10": lambda u, v: (u + v) % N_DIGITS}
 
 def _op(op: str):
     if op not in OPS:
-        raise ValueError(f"op must be one of {sorted(OPS)}, got {op!r}")
+        raise ConfigError(f"op must be one of {sorted(OPS)}, got {op!r}")
     return OPS[op]
 
 
@@ -132,10 +133,10 @@ class ArithTracesDataModule(TensorDataModule):
     ) -> None:
         super().__init__(batch_size, eval_batch_size, seed)
         if copies < 1:
-            raise ValueError(f"copies must be >= 1, got {copies}")
+            raise ConfigError(f"copies must be >= 1, got {copies}")
         for name, p in (("p_think", p_think), ("trace_acc", trace_acc), ("nothink_acc", nothink_acc)):
             if not 0.0 <= p <= 1.0:
-                raise ValueError(f"{name} is a probability in [0, 1], got {p}")
+                raise ConfigError(f"{name} is a probability in [0, 1], got {p}")
         _op(op)
         self.op = op
         self.copies = copies

@@ -22,6 +22,8 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from errors import ConfigError
+
 
 class _EpochSetter:
     """What Lightning's ``_set_sampler_epoch`` looks for (``loader.sampler.set_epoch``)."""
@@ -56,14 +58,14 @@ class BatchedTensorLoader:
         world_size: int = 1,
     ) -> None:
         if not tensors:
-            raise ValueError("BatchedTensorLoader needs at least one tensor")
+            raise ConfigError("BatchedTensorLoader needs at least one tensor")
         n = tensors[0].shape[0]
         if any(t.shape[0] != n for t in tensors):
-            raise ValueError(f"tensors disagree on their first dimension: {[t.shape[0] for t in tensors]}")
+            raise ConfigError(f"tensors disagree on their first dimension: {[t.shape[0] for t in tensors]}")
         if n == 0:
-            raise ValueError("this data split has no samples")
+            raise ConfigError("this data split has no samples")
         if batch_size < world_size:
-            raise ValueError(
+            raise ConfigError(
                 f"batch_size={batch_size} is smaller than the number of processes ({world_size}); "
                 f"the batch size is global, so raise it to at least {world_size}"
             )
@@ -112,8 +114,29 @@ class BatchedTensorLoader:
 
 Split = tuple[Tensor, ...]
 
+#: DataModule properties the CLI links into model ``__init__`` arguments of the same name, when both exist
+#: (``input_shape``: one sample's shape; ``num_features``: its flattened size; ``num_classes``: output
+#: classes, the vocabulary for next-token data; ``vocab_size``, ``block_size``: token data).
+LINKED_SIZES = ("input_shape", "num_features", "num_classes", "vocab_size", "block_size")
 
-class TensorDataModule(L.LightningDataModule):
+
+class PaperlabDataModule(L.LightningDataModule):
+    """Base of every paperlab DataModule: a ``dataset_name`` for the MLflow tag, and sizes as properties.
+
+    A DataModule exposes what the model's size arguments need as properties named in ``LINKED_SIZES``;
+    the CLI links each one it has into the model argument of the same name.
+    """
+
+    #: a short name for the MLflow ``dataset`` tag; subclasses override it
+    dataset_name: str = "data"
+
+    def __str__(self) -> str:
+        # Lightning's own builds every dataloader to describe them; jsonargparse formats the DataModule
+        # whenever a linked size is absent, so that would build the data twice.
+        return f"{type(self).__name__}({self.dataset_name})"
+
+
+class TensorDataModule(PaperlabDataModule):
     """Base for data that fits in memory as tensors: subclasses implement ``build_splits``.
 
     Args:
@@ -122,15 +145,14 @@ class TensorDataModule(L.LightningDataModule):
         seed: seed of the shuffling order (the data itself is seeded by each subclass).
     """
 
-    #: a short name for the MLflow ``dataset`` tag; subclasses override it
     dataset_name: str = "tensors"
 
     def __init__(self, batch_size: int = 150, eval_batch_size: int | None = None, seed: int = 0) -> None:
         super().__init__()
         if batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+            raise ConfigError(f"batch_size must be a positive integer, got {batch_size}")
         if eval_batch_size is not None and eval_batch_size <= 0:
-            raise ValueError(f"eval_batch_size must be a positive integer, got {eval_batch_size}")
+            raise ConfigError(f"eval_batch_size must be a positive integer, got {eval_batch_size}")
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.seed = seed
@@ -145,7 +167,7 @@ class TensorDataModule(L.LightningDataModule):
             self.splits = self.build_splits()
             for name, tensors in self.splits.items():
                 if len(tensors) == 0 or tensors[0].shape[0] == 0:
-                    raise ValueError(f"the {name} split of {type(self).__name__} has no samples")
+                    raise ConfigError(f"the {name} split of {type(self).__name__} has no samples")
 
     def _split(self, name: str) -> Split:
         self.setup()
@@ -153,7 +175,7 @@ class TensorDataModule(L.LightningDataModule):
         if name == "predict" and "predict" not in self.splits:
             name = "test"
         if name not in self.splits:
-            raise ValueError(f"{type(self).__name__} has no {name!r} split (it has {sorted(self.splits)})")
+            raise ConfigError(f"{type(self).__name__} has no {name!r} split (it has {sorted(self.splits)})")
         return self.splits[name]
 
     def _world(self) -> tuple[int, int]:
@@ -181,10 +203,16 @@ class TensorDataModule(L.LightningDataModule):
     def predict_dataloader(self) -> BatchedTensorLoader:
         return self.loader("predict")
 
-    # Properties the CLI links into model arguments (input size, number of classes).
+    # Sizes the CLI links into the model's arguments of the same names (LINKED_SIZES).
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one input sample (without the batch dimension)."""
+        return tuple(int(d) for d in self._split("train")[0].shape[1:])
+
     @property
     def num_features(self) -> int:
-        return int(self._split("train")[0].shape[-1])
+        """The number of input features of one sample (its flattened size)."""
+        return int(torch.Size(self.input_shape).numel())
 
     @property
     def num_classes(self) -> int:
@@ -194,7 +222,7 @@ class TensorDataModule(L.LightningDataModule):
 def seeded_split(n: int, sizes: Sequence[int], seed: int) -> list[Tensor]:
     """Disjoint index sets of the given sizes from one seeded permutation of ``range(n)``."""
     if sum(sizes) > n:
-        raise ValueError(f"split sizes {list(sizes)} exceed the {n} available samples")
+        raise ConfigError(f"split sizes {list(sizes)} exceed the {n} available samples")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     out, start = [], 0
     for s in sizes:

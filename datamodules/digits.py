@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from datamodules.base import Split, TensorDataModule, seeded_split
+from errors import ConfigError
 
 
 def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,7 +42,7 @@ class DigitsDataModule(TensorDataModule):
     ) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, seed=seed)
         if val_size <= 0 or test_size <= 0 or val_size + test_size >= 1797:
-            raise ValueError(
+            raise ConfigError(
                 f"val_size={val_size} and test_size={test_size} must be positive and leave training samples "
                 "out of the 1797 digits"
             )
@@ -59,8 +60,8 @@ class DigitsDataModule(TensorDataModule):
         return {"train": (x[tr], y[tr]), "val": (x[va], y[va]), "test": (x[te], y[te])}
 
     @property
-    def num_features(self) -> int:
-        return 64
+    def input_shape(self) -> tuple[int, ...]:
+        return (1, 8, 8) if self.image_shape else (64,)
 
     @property
     def num_classes(self) -> int:

@@ -12,8 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from errors import PaperlabError
 
-class HubDataUnavailable(RuntimeError):
+
+class HubDataUnavailable(PaperlabError, RuntimeError):
     """The hub data set could not be loaded (offline, unknown id, ...)."""
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from datamodules.base import Split, TensorDataModule
+from errors import ConfigError
 
 
 class RandomGaussianDataModule(TensorDataModule):
@@ -40,13 +41,13 @@ class RandomGaussianDataModule(TensorDataModule):
     ) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, seed=seed)
         if in_dim <= 0 or n_classes < 2 or min(train_size, val_size, test_size) <= 0:
-            raise ValueError(
+            raise ConfigError(
                 f"need in_dim > 0, n_classes >= 2 and positive split sizes; got in_dim={in_dim}, "
                 f"n_classes={n_classes}, sizes={(train_size, val_size, test_size)}"
             )
         side = round(in_dim**0.5)
         if image_shape and side * side != in_dim:
-            raise ValueError(f"image_shape=True needs a square in_dim (for example 64), got {in_dim}")
+            raise ConfigError(f"image_shape=True needs a square in_dim (for example 64), got {in_dim}")
         self.in_dim = in_dim
         self.n_classes = n_classes
         self.sizes = (train_size, val_size, test_size)
@@ -68,8 +69,9 @@ class RandomGaussianDataModule(TensorDataModule):
         return out
 
     @property
-    def num_features(self) -> int:
-        return self.in_dim
+    def input_shape(self) -> tuple[int, ...]:
+        side = round(self.in_dim**0.5)
+        return (1, side, side) if self.image_shape else (self.in_dim,)
 
     @property
     def num_classes(self) -> int:

@@ -25,6 +25,7 @@ from datamodules.base import Split, TensorDataModule, seeded_split
 from datamodules.digits import DigitsDataModule
 from datamodules.hub import load_hub_dataset
 from datamodules.yinyang import YinYangDataModule, yinyang_class
+from errors import ConfigError
 
 
 def encode_linear(
@@ -37,10 +38,10 @@ def encode_linear(
 ) -> Tensor:
     """Feature values ``v`` (B, F) in [0, 1] -> spike times (B, F + len(bias_times)) in float64."""
     if t_late <= t_early:
-        raise ValueError(f"t_late must exceed t_early, got t_early={t_early}, t_late={t_late}")
+        raise ConfigError(f"t_late must exceed t_early, got t_early={t_early}, t_late={t_late}")
     v = v.to(torch.float64).flatten(1)
     if torch.isnan(v).any():
-        raise ValueError("feature values contain NaN: clean the data before encoding it as spike times")
+        raise ConfigError("feature values contain NaN: clean the data before encoding it as spike times")
     frac = 1.0 - v if bright_early else v
     t = t_early + frac.clamp(0.0, 1.0) * (t_late - t_early)
     if v_min is not None:
@@ -79,7 +80,7 @@ class SpikeYinYangDataModule(YinYangDataModule):
     ) -> None:
         super().__init__(train_size, val_size, test_size, seeds, r_small, r_big, batch_size, eval_batch_size, seed)
         if t_late <= t_early:
-            raise ValueError(f"t_late must exceed t_early, got t_early={t_early}, t_late={t_late}")
+            raise ConfigError(f"t_late must exceed t_early, got t_early={t_early}, t_late={t_late}")
         self.t_early, self.t_late, self.bias_times = t_early, t_late, tuple(bias_times)
 
     def encode(self, features: Tensor) -> Tensor:
@@ -90,8 +91,8 @@ class SpikeYinYangDataModule(YinYangDataModule):
         return {k: (self.encode(x), y) for k, (x, y) in super().build_splits().items()}
 
     @property
-    def num_features(self) -> int:
-        return 4 + len(self.bias_times)
+    def input_shape(self) -> tuple[int, ...]:
+        return (4 + len(self.bias_times),)
 
     def plane_grid(self, resolution: int = 200) -> tuple[Tensor, Tensor, Tensor]:
         """Protocol for piece-map figures: points ``(G, 2)`` of the plane inside the symbol, their encoded
@@ -133,7 +134,7 @@ class SpikeDigitsDataModule(DigitsDataModule):
     ) -> None:
         super().__init__(val_size, test_size, split_seed, False, batch_size, eval_batch_size, seed)
         if t_late <= t_early:
-            raise ValueError(f"t_late must exceed t_early, got t_early={t_early}, t_late={t_late}")
+            raise ConfigError(f"t_late must exceed t_early, got t_early={t_early}, t_late={t_late}")
         self.t_early, self.t_late, self.bias_times, self.v_min = t_early, t_late, tuple(bias_times), v_min
 
     def build_splits(self) -> dict[str, Split]:
@@ -143,8 +144,8 @@ class SpikeDigitsDataModule(DigitsDataModule):
         }
 
     @property
-    def num_features(self) -> int:
-        return 64 + len(self.bias_times)
+    def input_shape(self) -> tuple[int, ...]:
+        return (64 + len(self.bias_times),)
 
 
 class _HubSpikeImages(TensorDataModule):
@@ -170,9 +171,9 @@ class _HubSpikeImages(TensorDataModule):
     ) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, seed=seed)
         if t_late <= t_early:
-            raise ValueError(f"t_late must exceed t_early, got t_early={t_early}, t_late={t_late}")
+            raise ConfigError(f"t_late must exceed t_early, got t_early={t_early}, t_late={t_late}")
         if downsample < 1:
-            raise ValueError(f"downsample must be a positive integer factor, got {downsample}")
+            raise ConfigError(f"downsample must be a positive integer factor, got {downsample}")
         self.t_early, self.t_late, self.bias_times, self.v_min = t_early, t_late, tuple(bias_times), v_min
         self.downsample, self.grayscale, self.val_size, self.split_seed = (
             downsample,
@@ -203,7 +204,7 @@ class _HubSpikeImages(TensorDataModule):
     def _train_val(self, x: Tensor, y: Tensor) -> dict[str, Split]:
         n = x.shape[0]
         if not 0 < self.val_size < n:
-            raise ValueError(f"val_size={self.val_size} must leave training samples out of {n}")
+            raise ConfigError(f"val_size={self.val_size} must leave training samples out of {n}")
         tr, va = seeded_split(n, (n - self.val_size, self.val_size), self.split_seed)
         return {"train": (self._encode(x[tr]), y[tr]), "val": (self._encode(x[va]), y[va])}
 
@@ -226,8 +227,8 @@ class SpikeFashionMNISTDataModule(_HubSpikeImages):
         return out
 
     @property
-    def num_features(self) -> int:
-        return (28 // self.downsample) ** 2 + len(self.bias_times)
+    def input_shape(self) -> tuple[int, ...]:
+        return ((28 // self.downsample) ** 2 + len(self.bias_times),)
 
     @property
     def num_classes(self) -> int:
@@ -289,9 +290,9 @@ class SpikeEuroSATDataModule(_HubSpikeImages):
         return out
 
     @property
-    def num_features(self) -> int:
+    def input_shape(self) -> tuple[int, ...]:
         side = 64 // self.downsample
-        return side * side * (1 if self.grayscale else 3) + len(self.bias_times)
+        return (side * side * (1 if self.grayscale else 3) + len(self.bias_times),)
 
     @property
     def num_classes(self) -> int:

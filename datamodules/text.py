@@ -23,6 +23,7 @@ import torch
 
 from datamodules.base import Split, TensorDataModule
 from datamodules.hub import load_hub_dataset
+from errors import ConfigError
 
 VOCAB_SIZE = 128
 _UNKNOWN = ord("?")
@@ -88,9 +89,9 @@ class CharTextDataModule(TensorDataModule):
     ) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, seed=seed)
         if block_size <= 0 or max_chars <= 0:
-            raise ValueError(f"block_size and max_chars must be positive, got {block_size}, {max_chars}")
+            raise ConfigError(f"block_size and max_chars must be positive, got {block_size}, {max_chars}")
         if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
-            raise ValueError(
+            raise ConfigError(
                 f"val_fraction={val_fraction}, test_fraction={test_fraction} must be in (0, 1), sum < 1"
             )
         self.block_size = block_size
@@ -113,7 +114,7 @@ class CharTextDataModule(TensorDataModule):
             split="train",
         )
         if self.text_column not in ds.column_names:
-            raise ValueError(
+            raise ConfigError(
                 f"{self.hub_id} has no column {self.text_column!r}; "
                 f"set text_column to one of {ds.column_names}"
             )
@@ -168,16 +169,21 @@ class CharTextDataModule(TensorDataModule):
             stream = torch.from_numpy(np.concatenate(rows).astype(np.int64))
             n_win = (stream.numel() - 1) // self.block_size
             if n_win == 0:
-                raise ValueError(f"the {name} split has fewer than {w} characters; lower block_size")
+                raise ConfigError(f"the {name} split has fewer than {w} characters; lower block_size")
             idx = torch.arange(n_win)[:, None] * self.block_size + torch.arange(w)[None, :]
             windows = stream[idx]
             out[name] = (windows[:, :-1].contiguous(), windows[:, 1:].contiguous())
         return out
 
     @property
-    def num_features(self) -> int:
-        return self.block_size
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.block_size,)
 
     @property
     def num_classes(self) -> int:
+        """Next-character targets: one class per vocabulary entry."""
+        return VOCAB_SIZE
+
+    @property
+    def vocab_size(self) -> int:
         return VOCAB_SIZE

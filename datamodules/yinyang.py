@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from datamodules.base import Split, TensorDataModule
+from errors import ConfigError
 
 CLASS_NAMES = ("yin", "yang", "dot")
 
@@ -31,7 +32,7 @@ def yinyang_class(x: np.ndarray, y: np.ndarray, r_small: float = 0.1, r_big: flo
 def generate_yinyang(size: int, seed: int, r_small: float = 0.1, r_big: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
     """``size`` samples as (features (size, 4) float64, labels (size,) int64), reference-compatible."""
     if size <= 0:
-        raise ValueError(f"Yin-Yang size must be positive, got {size}")
+        raise ConfigError(f"Yin-Yang size must be positive, got {size}")
     rng = np.random.RandomState(seed)
     xs = np.empty(size)
     ys = np.empty(size)
@@ -77,7 +78,7 @@ class YinYangDataModule(TensorDataModule):
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, seed=seed)
         for name, n in (("train_size", train_size), ("val_size", val_size), ("test_size", test_size)):
             if n <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {n}")
+                raise ConfigError(f"{name} must be a positive integer, got {n}")
         self.sizes = (train_size, val_size, test_size)
         self.seeds = tuple(seeds)
         self.r_small = r_small
@@ -91,8 +92,8 @@ class YinYangDataModule(TensorDataModule):
         return out
 
     @property
-    def num_features(self) -> int:
-        return 4
+    def input_shape(self) -> tuple[int, ...]:
+        return (4,)
 
     @property
     def num_classes(self) -> int:

@@ -18,7 +18,7 @@ Two stages in one run (one optimizer, one MLflow run): steps < ``sft_steps`` are
 sequences (restricted-softmax NLL at the trace and answer positions); at step ``sft_steps`` the policy is
 frozen into the reference (its exact log-probabilities over all 30 traces x 10 answers of all 1000
 prompts become buffers, so the reference is in the checkpoint), the optimizer state is reset and the lr
-becomes ``dpo_lr``; the remaining steps are BVPO. ``init_ckpt`` starts from a saved policy instead (the
+changes from the optimizer's (the SFT rate) to ``dpo_lr``; the remaining steps are BVPO. ``init_ckpt`` starts from a saved policy instead (the
 comparison script runs SFT once and every DPO arm from it). alpha = 1 is trace-only DPO, alpha = 0
 empty-only DPO: the baselines are this module.
 
@@ -31,12 +31,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor
 
 from datamodules.arith_traces import (
     END_THINK,
@@ -50,6 +48,9 @@ from datamodules.arith_traces import (
     prompt_ids,
     thinking_seqs,
 )
+from errors import ConfigError
+from modules.base import PaperTask, Stage, StepOutput, WeightedMean
+from modules.components.metrics import Accuracy
 from modules.components.tiny_gpt import TinyGPT
 
 BRANCHES = ("composite", "trace", "empty", "marginal")
@@ -119,14 +120,13 @@ def bias_variance(g_t: Tensor, g_e: Tensor, g_star: Tensor) -> dict[str, Tensor]
     }
 
 
-class BVPOModule(L.LightningModule):
+class BVPOModule(PaperTask):
     """SFT then BVPO on the tiny GPT for the arithmetic-trace task (see the module docstring).
 
     Args:
         n_layer, n_head, n_embd, dropout: the tiny GPT policy (block size 10, vocabulary 18).
         sft_steps: optimizer steps of SFT before the reference is frozen and DPO starts.
-        sft_lr: AdamW learning rate of the SFT stage.
-        dpo_lr: AdamW learning rate of the DPO stage.
+        dpo_lr: learning rate of the DPO stage (the SFT stage uses the optimizer's own lr).
         beta: DPO inverse temperature beta.
         alpha: mixing weight alpha of the trace branch in [0, 1] (1: trace-only DPO, 0: empty-only DPO), or
             "auto" for the EMA of the measured MSE-optimal alpha*.
@@ -136,6 +136,7 @@ class BVPOModule(L.LightningModule):
         alpha_ema: EMA factor of alpha* for ``alpha="auto"``.
         init_ckpt: policy weights to start from (a ``.ckpt`` of this module or a TinyGPT state dict).
         seed: seed of the trace draws (mixed with the step and the row id of each pair).
+        optimizer, lr_scheduler: AdamW at the SFT learning rate 3e-3 by default.
     """
 
     paper_id = "000-14"
@@ -149,7 +150,6 @@ class BVPOModule(L.LightningModule):
         n_embd: int = 48,
         dropout: float = 0.0,
         sft_steps: int = 500,
-        sft_lr: float = 3e-3,
         dpo_lr: float = 1e-4,
         beta: float = 0.1,
         alpha: float | str = 0.5,
@@ -159,21 +159,28 @@ class BVPOModule(L.LightningModule):
         alpha_ema: float = 0.9,
         init_ckpt: str | None = None,
         seed: int = 0,
+        optimizer: OptimizerCallable = lambda p: torch.optim.AdamW(p, lr=3e-3, weight_decay=0.0),
+        lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
-        super().__init__()
-        self.save_hyperparameters()
+        metrics = {n: Accuracy() for n in ("em_marginal", "em_think", "em_nothink")}
+        means = ("pref_acc", "pref_acc_nothink", "dpo_loss_marginal", "p_correct", "p_correct_nothink")
+        metrics.update({n: WeightedMean() for n in means})
+        super().__init__(optimizer, lr_scheduler, metrics)
         if isinstance(alpha, str):
             if alpha != "auto":
-                raise ValueError(f"alpha must be a number in [0, 1] or 'auto', got {alpha!r}")
+                raise ConfigError(f"alpha must be a number in [0, 1] or 'auto', got {alpha!r}")
             if probe_every <= 0:
-                raise ValueError("alpha='auto' estimates alpha* in the probe: set probe_every > 0")
+                raise ConfigError("alpha='auto' estimates alpha* in the probe: set probe_every > 0")
         elif not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"alpha must be in [0, 1] (1 = trace-only DPO, 0 = empty-only), got {alpha}")
+            raise ConfigError(f"alpha must be in [0, 1] (1 = trace-only DPO, 0 = empty-only), got {alpha}")
         if sft_steps < 0 or beta <= 0 or trace_resamples < 2 or probe_prompts < 1:
-            raise ValueError("need sft_steps >= 0, beta > 0, trace_resamples >= 2 and probe_prompts >= 1")
+            raise ConfigError("need sft_steps >= 0, beta > 0, trace_resamples >= 2 and probe_prompts >= 1")
         if sft_steps == 0 and init_ckpt is None:
-            raise ValueError("sft_steps=0 needs init_ckpt (an SFT policy): DPO from a random policy is moot")
-        self.gpt = TinyGPT(VOCAB_SIZE, SEQ_LEN, n_layer, n_head, n_embd, "gelu", 4, dropout, False, True)
+            raise ConfigError("sft_steps=0 needs init_ckpt (an SFT policy): DPO from a random policy is moot")
+        self.sft_steps, self.dpo_lr, self.beta, self.alpha_setting = sft_steps, dpo_lr, beta, alpha
+        self.probe_every, self.probe_prompts, self.trace_resamples = probe_every, probe_prompts, trace_resamples
+        self.alpha_ema, self.seed = alpha_ema, seed
+        self.gpt = TinyGPT(SEQ_LEN, VOCAB_SIZE, n_layer, n_head, n_embd, "gelu", 4, dropout, False, True)
         if init_ckpt is not None:
             self._load_policy(init_ckpt)
         # the frozen reference as exact tables over all prompts: log pi_ref(r, y|x), log pi_ref(y|x, empty)
@@ -182,17 +189,11 @@ class BVPOModule(L.LightningModule):
         self.register_buffer("ref_ready", torch.tensor(False))
         self.register_buffer("alpha_est", torch.tensor(0.5 if alpha == "auto" else float(alpha)))
         self.register_buffer("alpha_probed", torch.tensor(False))
-        names = ("em_marginal", "em_think", "em_nothink")
-        self.acc = nn.ModuleDict({f"{s}_{n}": MulticlassAccuracy(N_DIGITS, average="micro")
-                                  for s in ("val", "test") for n in names})
-        means = ("pref_acc", "pref_acc_nothink", "dpo_loss_marginal", "p_correct", "p_correct_nothink")
-        self.means = nn.ModuleDict({f"{s}_{n}": MeanMetric() for s in ("val", "test") for n in means})
-        self.train_loss = MeanMetric()
-        self.probe_log: list[dict[str, float]] = []  # every probe's statistics, for scripts
+        self.probe_log: list[dict[str, float]] = []  # every probe's statistics
 
     def _load_policy(self, path: str) -> None:
         if not Path(path).is_file():
-            raise ValueError(f"init_ckpt {path!r} does not exist; run the SFT stage first (see bvpo.md)")
+            raise ConfigError(f"init_ckpt {path!r} does not exist; run the SFT stage first (see bvpo.md)")
         state = torch.load(path, map_location="cpu", weights_only=False)
         if "state_dict" in state:
             state = {k[4:]: v for k, v in state["state_dict"].items() if k.startswith("gpt.")}
@@ -201,7 +202,7 @@ class BVPOModule(L.LightningModule):
     # --- the policy's log-probabilities ---------------------------------------------------------------------
     @property
     def alpha(self) -> float:
-        a = self.hparams.alpha
+        a = self.alpha_setting
         return float(self.alpha_est) if a == "auto" else float(a)
 
     @property
@@ -244,7 +245,7 @@ class BVPOModule(L.LightningModule):
     def sample_traces(self, pid: Tensor, y: Tensor, rows: Tensor, side: int, draw: int = 0) -> Tensor:
         """r ~ pi_ref(r | x, y) by Gumbel-max with uniforms keyed on (seed, step, draw, side, row)."""
         step = self.global_step * 4 + side
-        key = ((self.hparams.seed * 1_000_003 + step) * 64 + draw) * 1_000_003 + rows
+        key = ((self.seed * 1_000_003 + step) * 64 + draw) * 1_000_003 + rows
         u = hash_uniform(key[:, None] * 32 + torch.arange(N_TRACES, device=rows.device))
         gumbel = -torch.log(-torch.log(u)).to(self.ref_joint.dtype)
         return (self.ref_joint[pid, :, y] + gumbel).argmax(-1)
@@ -269,7 +270,7 @@ class BVPOModule(L.LightningModule):
         ], 1)  # (B, 4, 10), sample-major rows so that per-sample hooks see B groups
         b = seqs.shape[0]
         lg = self.logits(seqs.reshape(4 * b, SEQ_LEN)).reshape(b, 4, SEQ_LEN - 1, -1)
-        beta = self.hparams.beta
+        beta = self.beta
         h_t = (think_logp(lg[:, 0], seqs[:, 0]) - self.ref_joint[pid, r_pos, y_pos]) - (
             think_logp(lg[:, 1], seqs[:, 1]) - self.ref_joint[pid, r_neg, y_neg])
         h_e = (nothink_logp(lg[:, 2], seqs[:, 2]) - self.ref_nothink[pid, y_pos]) - (
@@ -293,9 +294,9 @@ class BVPOModule(L.LightningModule):
         if not self.in_dpo:
             return self.sft_losses(batch)
         if branch == "marginal":
-            return -F.logsigmoid(self.hparams.beta * self.marginal_margin(batch))
+            return -F.logsigmoid(self.beta * self.marginal_margin(batch))
         if branch not in BRANCHES:
-            raise ValueError(f"branch must be one of {BRANCHES}, got {branch!r}")
+            raise ConfigError(f"branch must be one of {BRANCHES}, got {branch!r}")
         terms = self.dpo_losses(batch)
         if branch == "composite":
             return self.alpha * terms["trace"] + (1.0 - self.alpha) * terms["empty"]
@@ -308,8 +309,8 @@ class BVPOModule(L.LightningModule):
         Gradients are of the mean loss over the probe pairs: g* exact (marginal), g_e exact (the empty
         branch has no randomness), g_t from K trace draws (see ``bias_variance``).
         """
-        k_draws = self.hparams.trace_resamples
-        sub = tuple(t[: self.hparams.probe_prompts] for t in batch)
+        k_draws = self.trace_resamples
+        sub = tuple(t[: self.probe_prompts] for t in batch)
         params = [p for p in self.gpt.parameters() if p.requires_grad]
 
         def flat(loss: Tensor) -> Tensor:
@@ -328,30 +329,32 @@ class BVPOModule(L.LightningModule):
 
     # --- Lightning ---------------------------------------------------------------------------------
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        if not self.in_dpo and self.global_step >= self.hparams.sft_steps:
+        if not self.in_dpo and self.global_step >= self.sft_steps:
             self.build_reference()
             for opt in self.trainer.optimizers:  # DPO starts from a fresh AdamW at its own lr
                 opt.state.clear()
                 for group in opt.param_groups:
-                    group["lr"] = self.hparams.dpo_lr
+                    group["lr"] = self.dpo_lr
 
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        every = self.hparams.probe_every
-        if self.in_dpo and every > 0 and (self.global_step - self.hparams.sft_steps) % every == 0:
+    def step(self, batch: Any, stage: Stage) -> StepOutput:
+        if stage == "train":
+            return StepOutput(self._train_loss(batch), n=batch[0].shape[0])
+        return self._evaluate(batch)
+
+    def _train_loss(self, batch: Any) -> Tensor:
+        every = self.probe_every
+        if self.in_dpo and every > 0 and (self.global_step - self.sft_steps) % every == 0:
             stats = self.probe(batch)
-            if self.hparams.alpha == "auto":
-                ema = self.hparams.alpha_ema if bool(self.alpha_probed) else 0.0
+            if self.alpha_setting == "auto":
+                ema = self.alpha_ema if bool(self.alpha_probed) else 0.0
                 self.alpha_est.fill_(ema * self.alpha + (1 - ema) * stats["alpha_star"])
                 self.alpha_probed.fill_(True)
             stats["alpha"] = self.alpha
             self.probe_log.append({"step": self.global_step, **stats})
             self.log_dict({f"diag/bvpo/{k}": v for k, v in stats.items()}, on_step=True, on_epoch=False)
-        loss = self.per_sample_loss(batch).mean()
-        self.train_loss(loss.detach())
-        self.log("train/loss", self.train_loss, on_step=False, on_epoch=True)
-        return loss
+        return self.per_sample_loss(batch).mean()
 
-    def _evaluate(self, batch: Any, stage: str) -> None:
+    def _evaluate(self, batch: Any) -> StepOutput:
         prompts, y_pos, _, y_neg, _ = batch
         pid = prompt_ids(prompts)
         joint, lp_pair, lp_s1 = self.enumerate_traces(prompts)
@@ -360,30 +363,30 @@ class BVPOModule(L.LightningModule):
         s1 = lp_s1[idx, pair].argmax(-1)
         greedy = joint[idx, pair * 10 + s1].argmax(-1)
         nothink = self.nothink_all(prompts)
-        for name, pred in (("em_marginal", joint.logsumexp(1).argmax(-1)), ("em_think", greedy),
-                           ("em_nothink", nothink.argmax(-1))):
-            self.acc[f"{stage}_{name}"](pred, y_pos)
         marg = joint.logsumexp(1)
         ref = self.ref_joint[pid].logsumexp(1) if self.in_dpo else marg
         ref_n = self.ref_nothink[pid] if self.in_dpo else nothink
         margin = (marg[idx, y_pos] - ref[idx, y_pos]) - (marg[idx, y_neg] - ref[idx, y_neg])
         margin_n = (nothink[idx, y_pos] - ref_n[idx, y_pos]) - (nothink[idx, y_neg] - ref_n[idx, y_neg])
-        self.means[f"{stage}_pref_acc"]((margin > 0).float())
-        self.means[f"{stage}_pref_acc_nothink"]((margin_n > 0).float())
-        self.means[f"{stage}_dpo_loss_marginal"](-F.logsigmoid(self.hparams.beta * margin))
-        # the accuracy of a sampled answer: pi(y*|x) (marginal over traces) and pi(y*|x, empty)
-        self.means[f"{stage}_p_correct"](marg[idx, y_pos].exp())
-        self.means[f"{stage}_p_correct_nothink"](nothink[idx, y_pos].exp())
-        for key, metric in list(self.acc.items()) + list(self.means.items()):
-            if key.startswith(stage + "_"):
-                self.log(f"{stage}/{key[len(stage) + 1:]}", metric, on_step=False, on_epoch=True)
+        n = prompts.shape[0]
+        dpo_marginal = -F.logsigmoid(self.beta * margin)
+        inputs = {
+            "em_marginal": (marg.argmax(-1), y_pos),
+            "em_think": (greedy, y_pos),
+            "em_nothink": (nothink.argmax(-1), y_pos),
+            "pref_acc": ((margin > 0).double().mean(), n),
+            "pref_acc_nothink": ((margin_n > 0).double().mean(), n),
+            "dpo_loss_marginal": (dpo_marginal.mean(), n),
+            # the accuracy of a sampled answer: pi(y*|x) (marginal over traces) and pi(y*|x, empty)
+            "p_correct": (marg[idx, y_pos].exp().mean(), n),
+            "p_correct_nothink": (nothink[idx, y_pos].exp().mean(), n),
+        }
+        return StepOutput(dpo_marginal.mean(), n=n, inputs=inputs)
 
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._evaluate(batch, "val")
-
-    def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._evaluate(batch, "test")
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        lr = self.hparams.sft_lr if self.hparams.sft_steps > 0 else self.hparams.dpo_lr
-        return torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=0.0)
+    def configure_optimizers(self) -> Any:
+        config = super().configure_optimizers()
+        if self.sft_steps == 0:  # no SFT stage: DPO from the start, at its own rate
+            optimizer = config["optimizer"] if isinstance(config, dict) else config
+            for group in optimizer.param_groups:
+                group["lr"] = self.dpo_lr
+        return config

@@ -153,11 +153,12 @@ def _plan(args: argparse.Namespace):
     from callbacks.mlflow_logger import default_tracking_uri
     from sweeps.launchers import trainer_args
     from sweeps.runner import SweepPlan
-    from sweeps.spec import checkpoint_root, expand, experiment_of, load_sweep, validate
+    from sweeps.spec import canonicalize, checkpoint_root, expand, experiment_of, load_sweep, validate
 
     spec = load_sweep(args.config)
+    resolved = canonicalize(spec)  # model.lr -> model.init_args.lr, before the points are named
     points = expand(spec)
-    resolved = validate(spec, points)
+    validate(spec, points, resolved)
     extra = trainer_args(args.nodes, args.devices_per_node, args.strategy)
     return SweepPlan(
         spec=spec,

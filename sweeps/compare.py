@@ -87,8 +87,8 @@ def default_mode(metric: str) -> str:
 def resolve_key(key: str, available: list[str]) -> str:
     """A ``--by`` key as a run's param/tag key: exact, then without ``init_args``, then a unique suffix.
 
-    ``model.activation`` and ``activation`` both find ``model.init_args.activation``; ``seed`` finds
-    ``seed_everything``.
+    ``model.net.activation`` and ``activation`` both find ``model.init_args.net.init_args.activation``;
+    ``seed`` finds ``seed_everything``.
     """
     if key in available:
         return key
@@ -104,7 +104,13 @@ def resolve_key(key: str, available: list[str]) -> str:
         return suffix[0]
     if len(set(suffix)) > 1:
         raise SweepError(f"'{key}' is ambiguous: {', '.join(sorted(set(suffix))[:6])}")
-    close = difflib.get_close_matches(key, available, n=1, cutoff=0.5)
+    # suggest in the short form a user types, matching the whole key or its last component
+    short = {k.replace(".init_args.", "."): k for k in available}
+    close = difflib.get_close_matches(key, list(short), n=1, cutoff=0.5)
+    if not close:
+        by_leaf = {s.rsplit(".", 1)[-1]: s for s in short}
+        leaf = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(by_leaf), n=1, cutoff=0.75)
+        close = [by_leaf[leaf[0]]] if leaf else []
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     raise SweepError(f"no run has a param or metric '{key}'{hint}")
 

@@ -31,6 +31,8 @@ from typing import Any
 
 import yaml
 
+from errors import ConfigError
+
 REPO = Path(__file__).resolve().parent.parent
 TOP_LEVEL_KEYS = ("name", "base", "grid", "points", "overrides", "seeds", "test", "description")
 # Keys the sweep sets itself; a sweep file that sets them would silently break resumability or grouping.
@@ -45,7 +47,7 @@ RESERVED_KEYS = {
 MAX_RUN_NAME = 120
 
 
-class SweepError(ValueError):
+class SweepError(ConfigError):
     """A sweep file or sweep argument that cannot run; the message names the fix."""
 
 
@@ -336,27 +338,73 @@ def print_config(base: Path, extra: list[str] | None = None) -> dict[str, Any]:
     return yaml.safe_load(out.getvalue())
 
 
-def check_keys(keys: list[str], valid: set[str]) -> None:
-    """Reject a key the base config does not have, naming it and the closest valid key."""
-    ordered = sorted(valid)
+def canonical_key(key: str, resolved: dict[str, Any]) -> str | None:
+    """A key as the CLI takes it, in the resolved config's full form, or None if it names nothing.
+
+    The command line accepts ``model.lr`` for ``model.init_args.lr`` (jsonargparse skips ``init_args`` of a
+    class); so does a sweep: ``model.net.hidden`` -> ``model.init_args.net.init_args.hidden``.
+    """
+    node: Any = resolved
+    out: list[str] = []
+    for part in key.split("."):
+        if isinstance(node, dict) and part in node:
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, dict) and isinstance(node.get("init_args"), dict) and part in node["init_args"]:
+            out += ["init_args", part]
+            node = node["init_args"][part]
+        else:
+            return None
+    return ".".join(out)
+
+
+def check_keys(keys: list[str], resolved: dict[str, Any]) -> dict[str, str]:
+    """``{key: canonical key}``; a key the base config does not have is rejected with the closest valid key
+    (in the short form the command line takes, ``model.net.activation``, as well as the full one)."""
+    full = config_keys(resolved)
+    valid = sorted(full | {k.replace(".init_args.", ".") for k in full})
+    out: dict[str, str] = {}
     for key in keys:
-        if key in valid:
-            continue
-        raise SweepError(
-            f"override key '{key}' does not exist in the base config{_suggest(key, ordered)}; "
-            "`python main.py fit --config <base> --print_config` lists every key"
-        )
+        full = canonical_key(key, resolved)
+        if full is None:
+            raise SweepError(
+                f"override key '{key}' does not exist in the base config{_suggest(key, valid)}; "
+                "`python main.py fit --config <base> --print_config` lists every key"
+            )
+        out[key] = full
+    return out
 
 
-def validate(spec: SweepSpec, points: list[Point]) -> dict[str, Any]:
+def canonicalize(spec: SweepSpec) -> dict[str, Any]:
+    """Rewrite the spec's override keys into the base config's full form (in place, before ``expand``), so
+    that ``model.lr`` and ``model.init_args.lr`` are one key; return the base's resolved config."""
+    resolved = print_config(spec.base)
+    names = check_keys(spec.override_keys(), resolved)
+    for mapping in (spec.grid, spec.overrides, *spec.points):
+        seen: dict[str, str] = {}
+        for alias in mapping:
+            if names[alias] in seen:
+                raise SweepError(f"'{seen[names[alias]]}' and '{alias}' name the same key {names[alias]}: keep one")
+            seen[names[alias]] = alias
+    spec.grid = {names[k]: v for k, v in spec.grid.items()}
+    spec.points = [{names[k]: v for k, v in point.items()} for point in spec.points]
+    spec.overrides = {names[k]: v for k, v in spec.overrides.items()}
+    for key in spec.override_keys():
+        reason = RESERVED_KEYS.get(key)
+        if reason:
+            raise SweepError(f"'{key}' cannot be swept or overridden: {reason}")
+    return resolved
+
+
+def validate(spec: SweepSpec, points: list[Point], resolved: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check every override key and value against the base config before anything runs.
 
-    Keys are checked against the base's resolved config; each distinct swept value and each explicit point is
-    then parsed once by the CLI (still nothing instantiated), so a wrong type fails here and not after hours.
-    Returns the base's resolved config.
+    Keys are checked against the base's resolved config (and put in their full form, see ``canonicalize``);
+    each distinct swept value and each explicit point is then parsed once by the CLI (still nothing
+    instantiated), so a wrong type fails here and not after hours. Returns the base's resolved config.
     """
-    resolved = print_config(spec.base)
-    check_keys(spec.override_keys(), config_keys(resolved))
+    if resolved is None:
+        resolved = canonicalize(spec)
     checked: set[str] = set()
     trials: list[dict[str, Any]] = [dict(spec.overrides)]
     trials += [{**spec.overrides, key: value} for key, values in spec.grid.items() for value in values]

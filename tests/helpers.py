@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -83,3 +84,25 @@ class CleanDistributedExit(Callback):
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+
+
+def sgd(lr: float = 0.1, momentum: float = 0.0):
+    """An ``OptimizerCallable`` as the CLI builds it from ``class_path: torch.optim.SGD`` (picklable, for
+    ``ddp_spawn``)."""
+    return functools.partial(torch.optim.SGD, lr=lr, momentum=momentum)
+
+
+def mlp_net(hidden=(16, 16), activation: str = "relu", init: str = "kaiming"):
+    """A task-network factory as the CLI builds it from ``class_path: modules.components.mlp.MLP``."""
+    from modules.components.mlp import MLP
+
+    return functools.partial(MLP, hidden=list(hidden), activation=activation, init=init)
+
+
+def drift_model(hidden=(16, 16), activation: str = "relu", lr: float = 0.1, input_shape=(64,), num_classes: int = 10,
+                **kw: Any):
+    """``WeightDriftModel`` with an SGD-trained MLP on the random-Gaussian data's sizes."""
+    from modules.weight_drift import WeightDriftModel
+
+    return WeightDriftModel(net=mlp_net(hidden, activation), optimizer=sgd(lr), input_shape=input_shape,
+                            num_classes=num_classes, **kw)

@@ -12,7 +12,7 @@ from tests.helpers import REPO, TINY, client, runs_of
 
 EXPERIMENT_CONFIGS = sorted(
     p for p in (REPO / "configs").glob("*/*.yaml")
-    if p.parent.name != "trainer" and "sweep" not in p.stem
+    if p.parent.name not in ("trainer", "diagnostics") and "sweep" not in p.stem
 )
 
 
@@ -49,7 +49,9 @@ def test_mlflow_run_contents(paperlab_tmp: Path) -> None:
                      "--data.init_args.train_size", "300"]) == 0
     (run,) = runs_of("mlp_classifier")
     params, tags = run.data.params, run.data.tags
-    assert params["model.init_args.hidden"] == "[64, 64]"
+    assert params["model.init_args.net.init_args.hidden"] == "[64, 64]"
+    assert params["model.init_args.optimizer.class_path"] == "torch.optim.AdamW"
+    assert params["model.init_args.optimizer.init_args.lr"] == "0.01"
     assert params["data.init_args.train_size"] == "300"
     assert params["seed_everything"] == "0"
     assert not any("_instantiator" in k for k in params)
@@ -60,7 +62,7 @@ def test_mlflow_run_contents(paperlab_tmp: Path) -> None:
     assert {"val/acc", "val/acc_best", "train/loss"} <= set(run.data.metrics)
     text = Path(client().download_artifacts(run.info.run_id, "config/config.yaml", str(paperlab_tmp))).read_text()
     resolved = yaml.safe_load(text)
-    assert resolved["model"]["init_args"]["hidden"] == [64, 64]
+    assert resolved["model"]["init_args"]["net"]["init_args"]["hidden"] == [64, 64]
     assert resolved["data"]["init_args"]["train_size"] == 300
 
 
@@ -94,9 +96,11 @@ def test_trainer_presets_parse(preset: Path, capsys: pytest.CaptureFixture) -> N
 
 def test_override_from_command_line(capsys: pytest.CaptureFixture) -> None:
     config = REPO / "configs/mlp_classifier/digits.yaml"
-    assert cli_main(["fit", "--config", str(config), "--model.init_args.lr", "0.123", "--print_config"]) == 0
+    assert cli_main(["fit", "--config", str(config), "--model.optimizer.lr", "0.123", "--model.net.hidden", "[7]",
+                     "--print_config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["model"]["init_args"]["lr"] == 0.123
+    assert printed["model"]["init_args"]["optimizer"]["init_args"]["lr"] == 0.123
+    assert printed["model"]["init_args"]["net"]["init_args"]["hidden"] == [7]
 
 
 def test_predict_writes_predictions(paperlab_tmp: Path) -> None:

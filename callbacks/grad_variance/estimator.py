@@ -25,6 +25,7 @@ from callbacks.grad_variance.per_sample import (
     vmap_stats,
 )
 from callbacks.grad_variance.stats import GradStats, finalize
+from errors import ConfigError
 
 log = logging.getLogger("callbacks.grad_variance")
 METHODS = ("auto", "hooks", "vmap", "loop")
@@ -81,9 +82,9 @@ class GradientVarianceEstimator:
         vmap_chunk_size: int | None = None,
     ) -> None:
         if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+            raise ConfigError(f"method must be one of {METHODS}, got {method!r}")
         if ghost not in ("auto", "always", "never"):
-            raise ValueError(f"ghost must be 'auto', 'always' or 'never', got {ghost!r}")
+            raise ConfigError(f"ghost must be 'auto', 'always' or 'never', got {ghost!r}")
         self.method = method
         self.group_depth = group_depth
         self.ghost = ghost
@@ -117,7 +118,7 @@ class GradientVarianceEstimator:
     def stats(self, model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) -> GradStats:
         """The additive sufficient statistics (sum over ranks before ``finalize``)."""
         if batch_size(batch) < 2 and self.chosen in (None, "hooks"):
-            raise ValueError("the gradient variance needs a batch of at least 2 samples")
+            raise ConfigError("the gradient variance needs a batch of at least 2 samples")
         if self.chosen == "hooks":
             # the layout (rows per sample, broadcast layers) is re-probed every call on 1 and 2 samples:
             # cheap, and a loss whose layout changed (SFT -> DPO) is checked against the loop again
@@ -130,7 +131,7 @@ class GradientVarianceEstimator:
             log.info("gradient variance: using the %r method for %s", self.chosen, type(model).__name__)
         if self.chosen == "hooks":
             if self._layout is None:
-                raise ValueError("the hook fast path cannot follow this batch layout; use method='vmap'")
+                raise ConfigError("the hook fast path cannot follow this batch layout; use method='vmap'")
             return hook_stats(model, per_sample_loss, batch, self._layout, self.ghost)
         if self.chosen == "vmap":
             return vmap_stats(model, per_sample_loss, batch, self.vmap_chunk_size)

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from callbacks.grad_variance.per_sample import PerSampleLoss, batch_size, check_losses, trainable
 from callbacks.grad_variance.stats import GradStats
+from errors import ConfigError
 
 SUPPORTED = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
 
@@ -144,7 +145,7 @@ def hook_stats(
     """
     mods = hook_modules(model)
     if mods is None:
-        raise ValueError("hook_stats: some trainable parameter is not owned by a supported layer")
+        raise ConfigError("hook_stats: some trainable parameter is not owned by a supported layer")
     n = batch_size(batch)
     names = {id(p): k for k, p in trainable(model).items()}
     owners: dict[int, int] = {}

@@ -15,6 +15,7 @@ from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from callbacks.grad_variance.stats import GradStats
+from errors import ConfigError
 
 PerSampleLoss = Callable[[nn.Module, Any], Tensor]
 
@@ -24,7 +25,7 @@ def batch_size(batch: Any) -> int:
     for leaf in tree_flatten(batch)[0]:
         if isinstance(leaf, Tensor) and leaf.dim() > 0:
             return int(leaf.shape[0])
-    raise ValueError("the batch holds no tensor with a batch dimension")
+    raise ConfigError("the batch holds no tensor with a batch dimension")
 
 
 def slice_batch(batch: Any, index: slice, n: int) -> Any:
@@ -37,7 +38,7 @@ def slice_batch(batch: Any, index: slice, n: int) -> Any:
 def check_losses(losses: Tensor, n: int) -> Tensor:
     if not isinstance(losses, Tensor) or losses.shape != (n,):
         shape = tuple(losses.shape) if isinstance(losses, Tensor) else type(losses).__name__
-        raise ValueError(
+        raise ConfigError(
             f"per_sample_loss must return one loss per sample, shape ({n},), got {shape}; "
             "return the un-averaged loss of each sample (mean over its own tokens only)"
         )

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from errors import ConfigError
+
 
 @dataclass
 class GradStats:
@@ -70,7 +72,7 @@ def finalize(stats: GradStats, groups: dict[str, str]) -> dict:
     """
     n = stats.n
     if n < 2:
-        raise ValueError(f"the gradient variance needs at least 2 samples, got a batch of {n}")
+        raise ConfigError(f"the gradient variance needs at least 2 samples, got a batch of {n}")
     per_group: dict[str, list[Tensor]] = {}
     zero = torch.zeros((), dtype=torch.float64)
     tot_sq, tot_g2 = zero, zero

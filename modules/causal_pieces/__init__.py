@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any, Literal
 
-import lightning as L
 import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
-from torchmetrics import MaxMetric, MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
 
+from errors import ConfigError, NonFiniteLossError
+from modules.base import PaperTask, Stage, StepOutput, WeightedMean
 from modules.causal_pieces.neurons import (
     grid_first_spike_times,
     lif_first_spike_times,
     nlif_first_spike_times,
 )
+from modules.components.metrics import Accuracy
 
 __all__ = [
     "CausalPiecesSNN",
@@ -59,13 +61,11 @@ def ttfs_loss(
     return ce + reg.mean()
 
 
-class CausalPiecesSNN(L.LightningModule):
-    """Feedforward single-spike SNN ``n_inputs -> hidden_sizes -> n_classes``; class = earliest output spike.
+class CausalPiecesSNN(PaperTask):
+    """Feedforward single-spike SNN ``num_features -> hidden_sizes -> num_classes``; class = earliest output spike.
 
     Args:
-        n_inputs: input spike trains per sample, bias spikes included (Yin-Yang: 4 + 1 bias).
         hidden_sizes: widths of the hidden layers.
-        n_classes: output neurons, one per class.
         neuron: ``"nlif"`` (no leak, exact closed form), ``"lif"`` (leak, exact closed form for
             ``tau_m = tau_s`` or ``2 tau_s``) or ``"lif_grid"`` (time-stepped simulation on a ``grid_dt`` grid).
         tau_s: synaptic time constant (the unit of time).
@@ -76,11 +76,13 @@ class CausalPiecesSNN(L.LightningModule):
         positive_weights: keep all weights >= 0 (initialise with ``|w|``, clamp after every step).
         xi, alpha, beta: loss parameters (softmax temperature, size and time scale of the early-spike term).
         t_no_spike: the finite time a missing output spike takes in the loss.
-        lr, lr_step, lr_gamma: Adam learning rate and its StepLR schedule (epochs, factor).
         weight_bump: added to all incoming weights of a neuron silent on more than ``max_missing`` of a batch.
         max_missing: per layer, the largest tolerated fraction of samples on which a neuron stays silent.
         bump_iters: at most this many bump-and-recompute rounds per training batch.
         init_seed: seed of the weight initialisation (``None``: the global torch generator).
+        num_features: input spike trains per sample, bias spikes included (linked from the DataModule).
+        num_classes: output neurons, one per class (linked from the DataModule).
+        optimizer, lr_scheduler: Adam and a per-epoch StepLR by default (Goeltz et al.'s recipe).
     """
 
     paper_id = "000-01"
@@ -89,10 +91,8 @@ class CausalPiecesSNN(L.LightningModule):
 
     def __init__(
         self,
-        n_inputs: int = 5,
         hidden_sizes: Sequence[int] = (120,),
-        n_classes: int = 3,
-        neuron: str = "nlif",
+        neuron: Literal["nlif", "lif", "lif_grid"] = "nlif",
         tau_s: float = 1.0,
         theta: float = 1.0,
         tau_m: float | None = None,
@@ -105,74 +105,73 @@ class CausalPiecesSNN(L.LightningModule):
         alpha: float = 0.005,
         beta: float = 1.0,
         t_no_spike: float = 10.0,
-        lr: float = 5e-3,
-        lr_step: int = 20,
-        lr_gamma: float = 0.95,
         weight_bump: float = 5e-4,
         max_missing: Sequence[float] = (0.3, 0.0),
         bump_iters: int = 20,
         init_seed: int | None = None,
+        num_features: int = 5,
+        num_classes: int = 3,
+        optimizer: OptimizerCallable = lambda p: torch.optim.Adam(p, lr=5e-3),
+        lr_scheduler: LRSchedulerCallable | None = lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=20, gamma=0.95),
     ) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        sizes = [n_inputs, *hidden_sizes, n_classes]
+        metrics = {"acc": Accuracy(), "missing_output": WeightedMean(), "silent_hidden": WeightedMean(),
+                   "t_out_mean": WeightedMean()}
+        super().__init__(optimizer, lr_scheduler, metrics)
+        sizes = [num_features, *hidden_sizes, num_classes]
         if any(int(s) <= 0 for s in sizes):
-            raise ValueError(f"layer sizes must be positive, got n_inputs={n_inputs}, hidden={list(hidden_sizes)}")
+            raise ConfigError(f"layer sizes must be positive, got num_features={num_features}, hidden={list(hidden_sizes)}")
         n_layers = len(sizes) - 1
         for name, vals in (("init_mean", init_mean), ("init_std", init_std), ("max_missing", max_missing)):
             if len(vals) != n_layers:
-                raise ValueError(f"{name} needs one value per layer ({n_layers}), got {list(vals)}")
+                raise ConfigError(f"{name} needs one value per layer ({n_layers}), got {list(vals)}")
         if neuron not in NEURONS:
-            raise ValueError(f"neuron must be one of {NEURONS}, got {neuron!r}")
+            raise ConfigError(f"neuron must be one of {NEURONS}, got {neuron!r}")
         if neuron == "nlif" and tau_m is not None:
-            raise ValueError("neuron='nlif' has no leak: set tau_m to null, or use neuron='lif'/'lif_grid'")
+            raise ConfigError("neuron='nlif' has no leak: set tau_m to null, or use neuron='lif'/'lif_grid'")
         if neuron == "lif":
             if tau_m is None or not (
                 math.isclose(tau_m, tau_s, rel_tol=1e-12) or math.isclose(tau_m, 2 * tau_s, rel_tol=1e-12)
             ):
-                raise ValueError(
+                raise ConfigError(
                     f"neuron='lif' needs tau_m = tau_s or 2 tau_s (got tau_m={tau_m}, tau_s={tau_s}); "
                     "use neuron='lif_grid' for other values"
                 )
         if bump_iters < 0 or weight_bump < 0:
-            raise ValueError(f"bump_iters and weight_bump must be >= 0, got {bump_iters} and {weight_bump}")
+            raise ConfigError(f"bump_iters and weight_bump must be >= 0, got {bump_iters} and {weight_bump}")
         if tau_s <= 0 or theta <= 0 or (tau_m is not None and tau_m <= 0):
-            raise ValueError(f"tau_s, theta and tau_m must be positive, got {tau_s}, {theta}, {tau_m}")
+            raise ConfigError(f"tau_s, theta and tau_m must be positive, got {tau_s}, {theta}, {tau_m}")
         self.sizes = [int(s) for s in sizes]
+        self.neuron, self.tau_s, self.theta, self.tau_m = neuron, tau_s, theta, tau_m
+        self.grid_dt, self.grid_t_max = grid_dt, grid_t_max
+        self.xi, self.alpha, self.beta, self.t_no_spike = xi, alpha, beta, t_no_spike
+        self.positive_weights, self.weight_bump = positive_weights, weight_bump
+        self.max_missing, self.bump_iters = tuple(max_missing), bump_iters
         gen = torch.Generator().manual_seed(init_seed) if init_seed is not None else None
         weights = []
         for l in range(n_layers):
             w = torch.randn(sizes[l], sizes[l + 1], generator=gen, dtype=torch.float64) * init_std[l] + init_mean[l]
             weights.append(nn.Parameter(w.abs() if positive_weights else w))
         self.weights = nn.ParameterList(weights)
-        self.train_acc = MulticlassAccuracy(n_classes, average="micro")
-        self.val_acc = MulticlassAccuracy(n_classes, average="micro")
-        self.test_acc = MulticlassAccuracy(n_classes, average="micro")
-        self.val_acc_best = MaxMetric()
-        self.train_loss = MeanMetric()
-        self.val_loss = MeanMetric()
-        self.test_loss = MeanMetric()
 
     # ---- forward ---------------------------------------------------------------------------------
     def layer_spike_times(self, t_in: Tensor, w: Tensor) -> Tensor:
         """Output spike times of one layer for input times ``t_in`` and weights ``w``."""
-        hp = self.hparams
-        if hp.neuron == "nlif":
-            return nlif_first_spike_times(t_in, w, hp.tau_s, hp.theta)
-        if hp.neuron == "lif":
-            return lif_first_spike_times(t_in, w, hp.tau_s, hp.theta, hp.tau_m)
-        return grid_first_spike_times(t_in, w, hp.tau_s, hp.theta, hp.tau_m, hp.grid_dt, hp.grid_t_max)
+        if self.neuron == "nlif":
+            return nlif_first_spike_times(t_in, w, self.tau_s, self.theta)
+        if self.neuron == "lif":
+            return lif_first_spike_times(t_in, w, self.tau_s, self.theta, self.tau_m)
+        return grid_first_spike_times(t_in, w, self.tau_s, self.theta, self.tau_m, self.grid_dt, self.grid_t_max)
 
     def _as_times(self, x: Tensor) -> Tensor:
         if x.dim() != 2:
             x = x.flatten(1)
         if x.shape[1] != self.sizes[0]:
-            raise ValueError(
+            raise ConfigError(
                 f"the network expects {self.sizes[0]} input spike times per sample (bias spikes included), got "
-                f"{x.shape[1]}: set model.n_inputs to {x.shape[1]} or use a spike-encoding DataModule"
+                f"{x.shape[1]}: use a spike-encoding DataModule (the CLI links num_features from it)"
             )
         if torch.isnan(x).any():
-            raise ValueError("input spike times contain NaN: encode 'no spike' as +inf, not NaN")
+            raise ConfigError("input spike times contain NaN: encode 'no spike' as +inf, not NaN")
         return x.to(self.weights[0].dtype)
 
     def all_spike_times(self, x: Tensor) -> list[Tensor]:
@@ -183,11 +182,11 @@ class CausalPiecesSNN(L.LightningModule):
         return times
 
     def forward(self, x: Tensor) -> Tensor:
-        """Output spike times ``(B, n_classes)``; ``inf`` = no spike."""
+        """Output spike times ``(B, num_classes)``; ``inf`` = no spike."""
         return self.all_spike_times(x)[-1]
 
-    def spike_times(self, batch) -> list[tuple[Tensor, Tensor]]:
-        """Protocol for ``CausalPieceCounter``: ``[(t_pre, t_post)]`` per layer, for inputs ``batch[0]``."""
+    def spike_times(self, batch: Any) -> list[tuple[Tensor, Tensor]]:
+        """``callbacks.protocols.SpikeTimes``: ``[(t_pre, t_post)]`` per layer, for inputs ``batch[0]``."""
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         with torch.no_grad():
             times = self.all_spike_times(x)
@@ -199,30 +198,32 @@ class CausalPiecesSNN(L.LightningModule):
         return torch.argmin(t_out, dim=1)
 
     # ---- training --------------------------------------------------------------------------------
-    def _step(self, batch, stage: str) -> tuple[Tensor, list[Tensor]]:
+    def step(self, batch: Any, stage: Stage) -> StepOutput:
         x, y = batch
         times = self.all_spike_times(x)
         t_out = times[-1]
-        hp = self.hparams
-        loss = ttfs_loss(t_out, y, hp.tau_s, hp.xi, hp.alpha, hp.beta, hp.t_no_spike)
-        preds = self.predict_from_times(t_out)
-        getattr(self, f"{stage}_acc").update(preds, y)
-        getattr(self, f"{stage}_loss").update(loss.detach())
-        self.log(
-            f"{stage}/acc",
-            getattr(self, f"{stage}_acc"),
-            on_step=False,
-            on_epoch=True,
-            prog_bar=stage != "train",
-        )
-        self.log(f"{stage}/loss", getattr(self, f"{stage}_loss"), on_step=False, on_epoch=True)
-        return loss, times
+        loss = ttfs_loss(t_out, y, self.tau_s, self.xi, self.alpha, self.beta, self.t_no_spike)
+        if stage == "train" and not torch.isfinite(loss):
+            raise NonFiniteLossError(
+                "the loss is not finite: lower the learning rate or model.alpha, or raise model.t_no_spike"
+            )
+        n = y.shape[0]
+        inputs: dict[str, Any] = {"missing_output": None, "silent_hidden": None, "t_out_mean": None}
+        if stage == "val":
+            inputs["missing_output"] = (torch.isinf(t_out).all(1).double().mean(), n)
+            if len(times) > 2:
+                hidden = torch.cat([torch.isinf(t) for t in times[1:-1]], dim=1)
+                inputs["silent_hidden"] = (hidden.double().mean(), n)
+            finite = torch.isfinite(t_out)
+            if finite.any():
+                inputs["t_out_mean"] = (t_out[finite].mean(), int(finite.sum()))
+        return StepOutput(loss, n=n, preds=self.predict_from_times(t_out), target=y, inputs=inputs)
 
-    def training_step(self, batch, batch_idx: int) -> Tensor:
-        loss, times = self._step(batch, "train")
-        if not torch.isfinite(loss):
-            raise FloatingPointError("the loss is not finite: lower model.lr or model.alpha, or raise model.t_no_spike")
-        return loss
+    def extra_epoch_metrics(self, stage: Stage, values: dict[str, Tensor]) -> dict[str, Tensor]:
+        if stage != "train":
+            return {}
+        with torch.no_grad():
+            return {f"train/weight_mean_layer{l}": w.mean().float() for l, w in enumerate(self.weights)}
 
     def bump_silent_weights(self, x: Tensor, reduce=None) -> int:
         """Weight bumping (Goeltz et al.), after the optimiser step: while some neuron of layer ``l`` is silent
@@ -235,61 +236,32 @@ class CausalPiecesSNN(L.LightningModule):
         training collapses to missing outputs. ``reduce`` averages the silent fractions over DDP ranks so
         that every replica applies the same bump.
         """
-        hp = self.hparams
-        if hp.weight_bump <= 0 and not hp.positive_weights:
+        if self.weight_bump <= 0 and not self.positive_weights:
             return 0
         rounds = 0
         with torch.no_grad():
-            if hp.positive_weights:
+            if self.positive_weights:
                 for w in self.weights:
                     w.clamp_(min=0.0)
-            while rounds < hp.bump_iters and hp.weight_bump > 0:
+            while rounds < self.bump_iters and self.weight_bump > 0:
                 times = self.all_spike_times(x)
                 fracs = [torch.isinf(t).double().mean(0) for t in times[1:]]
                 if reduce is not None:
                     fracs = [reduce(f) for f in fracs]
-                bumps = [(f > m).to(w.dtype) for f, m, w in zip(fracs, hp.max_missing, self.weights)]
+                bumps = [(f > m).to(w.dtype) for f, m, w in zip(fracs, self.max_missing, self.weights)]
                 if not any(bool(b.any()) for b in bumps):
                     break
                 for w, b in zip(self.weights, bumps):
-                    w.add_(hp.weight_bump * 2.0**rounds * b[None, :])
+                    w.add_(self.weight_bump * 2.0**rounds * b[None, :])
                 rounds += 1
         return rounds
 
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         reduce = None
         if self.trainer.world_size > 1:
             reduce = lambda f: self.trainer.strategy.reduce(f, reduce_op="mean")  # noqa: E731
         self.bump_silent_weights(batch[0], reduce)
 
-    def on_train_epoch_end(self) -> None:
-        with torch.no_grad():
-            for l, w in enumerate(self.weights):
-                self.log(f"train/weight_mean_layer{l}", w.mean().float(), on_step=False, on_epoch=True)
-
-    def validation_step(self, batch, batch_idx: int) -> None:
-        _, times = self._step(batch, "val")
-        self.log("val/missing_output", torch.isinf(times[-1]).all(1).float().mean(), on_step=False, on_epoch=True)
-        if len(times) > 2:
-            silent = torch.cat([torch.isinf(t) for t in times[1:-1]], dim=1).float().mean()
-            self.log("val/silent_hidden", silent, on_step=False, on_epoch=True)
-        finite = times[-1][torch.isfinite(times[-1])]
-        if finite.numel():
-            self.log("val/t_out_mean", finite.mean().float(), on_step=False, on_epoch=True)
-
-    def on_validation_epoch_end(self) -> None:
-        self.val_acc_best.update(self.val_acc.compute())
-        self.log("val/acc_best", self.val_acc_best.compute(), on_step=False, on_epoch=True)
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        self._step(batch, "test")
-
-    def predict_step(self, batch, batch_idx: int) -> Tensor:
+    def predict_batch(self, batch: Any) -> Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self.predict_from_times(self(x))
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        opt = torch.optim.Adam(self.parameters(), lr=hp.lr)
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=hp.lr_step, gamma=hp.lr_gamma)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}

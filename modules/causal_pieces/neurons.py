@@ -40,6 +40,8 @@ import math
 import torch
 from torch import Tensor
 
+from errors import ConfigError
+
 #: slack on the lower end of an interval, so that a crossing at an input time is not lost to rounding
 _TOL = 1e-10
 
@@ -47,20 +49,20 @@ _TOL = 1e-10
 def check_layer_inputs(t_in: Tensor, w: Tensor) -> None:
     """Raise a ``ValueError`` naming the fix for malformed spike times or weights."""
     if not torch.is_tensor(t_in) or not torch.is_tensor(w):
-        raise ValueError("input spike times and weights must be torch tensors")
+        raise ConfigError("input spike times and weights must be torch tensors")
     if t_in.dim() != 2:
-        raise ValueError(f"input spike times must have shape (B, N_in), got {tuple(t_in.shape)}")
+        raise ConfigError(f"input spike times must have shape (B, N_in), got {tuple(t_in.shape)}")
     if w.dim() != 2 or w.shape[0] != t_in.shape[1]:
-        raise ValueError(
+        raise ConfigError(
             f"weights of shape {tuple(w.shape)} do not fit {t_in.shape[1]} inputs: pass weights of shape "
             f"(N_in={t_in.shape[1]}, N_out)"
         )
     if torch.isnan(t_in).any():
-        raise ValueError("input spike times contain NaN: encode 'no spike' as +inf, not NaN")
+        raise ConfigError("input spike times contain NaN: encode 'no spike' as +inf, not NaN")
     if torch.isneginf(t_in).any():
-        raise ValueError("input spike times contain -inf: spike times must be finite or +inf (no spike)")
+        raise ConfigError("input spike times contain -inf: spike times must be finite or +inf (no spike)")
     if torch.isnan(w).any():
-        raise ValueError("weights contain NaN: check the learning rate or the initialisation")
+        raise ConfigError("weights contain NaN: check the learning rate or the initialisation")
 
 
 def _sorted_inputs(t_in: Tensor, w: Tensor):
@@ -188,7 +190,7 @@ def lif_first_spike_times(
         sq = torch.sqrt(torch.where(ok, D, torch.ones_like(D)))
         x = torch.where(ok, (A + sq) / (2.0 * torch.where(ok, B, torch.ones_like(B))), torch.ones_like(A))
         return _first_valid(-tau_m * torch.log(x), ok, s, s_next, finite, ref)
-    raise ValueError(
+    raise ConfigError(
         f"closed-form LIF spike times exist here for tau_m = tau_s or tau_m = 2 tau_s (got tau_m={tau_m}, "
         f"tau_s={tau_s}); use neuron='lif_grid' for other membrane time constants or neuron='nlif' for no leak"
     )
@@ -228,9 +230,9 @@ def grid_first_spike_times(
     """
     check_layer_inputs(t_in, w)
     if dt <= 0 or t_max <= 0:
-        raise ValueError(f"dt and t_max must be positive, got dt={dt}, t_max={t_max}")
+        raise ConfigError(f"dt and t_max must be positive, got dt={dt}, t_max={t_max}")
     if (t_in < 0).any():
-        raise ValueError("the grid simulation starts at t = 0: shift input spike times to be >= 0")
+        raise ConfigError("the grid simulation starts at t = 0: shift input spike times to be >= 0")
     w = w.to(t_in.dtype)
     n_steps = int(math.ceil(t_max / dt - 1e-9))
     finite = torch.isfinite(t_in) & (t_in <= n_steps * dt)

@@ -4,28 +4,56 @@ Besides the standard ones, the squared activations of paper 000-09 (Bug or Featu
 ``relu2(x) = relu(x)^2``, ``gelu2(x) = gelu(x)^2`` and their clipped variants ``min(phi(x)^2, c)``
 (c = 50 in the authors' code). Clipping is on the squared output, and the gradient is zero where the clip
 is active, which is what ``torch.clamp`` gives.
+
+Every activation class says whether it is *positively biased* (``positive_bias``): ``E[phi(z)] > 0`` for
+``z ~ N(0, 1)``, which is what makes the weights reading it drift negative (paper 000-09). Diagnostics read
+the attribute through ``activation_bias``; a new activation is classified by setting it on its class.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from errors import ConfigError
+
 DEFAULT_CLIP = 50.0
+
+
+class ReLU(nn.ReLU):
+    positive_bias: ClassVar[bool] = True
+
+
+class GELU(nn.GELU):
+    positive_bias: ClassVar[bool] = True
+
+
+class SiLU(nn.SiLU):
+    positive_bias: ClassVar[bool] = True
+
+
+class Tanh(nn.Tanh):
+    positive_bias: ClassVar[bool] = False
+
+
+class Identity(nn.Identity):
+    positive_bias: ClassVar[bool] = False
 
 
 class _Squared(nn.Module):
     """``base(x)^2``, clipped at ``clip`` when ``clip`` is not None: ``min(base(x)^2, clip)``."""
 
     base = staticmethod(torch.relu)
+    positive_bias: ClassVar[bool] = True
 
     def __init__(self, clip: float | None = None) -> None:
         super().__init__()
         if clip is not None and clip <= 0:
-            raise ValueError(f"clip must be positive, got {clip}")
+            raise ConfigError(f"clip must be positive, got {clip}")
         self.clip = clip
 
     def forward(self, x: Tensor) -> Tensor:
@@ -55,10 +83,12 @@ class QuantileReLU(nn.Module):
     threshold is treated as a constant in the backward pass.
     """
 
+    positive_bias: ClassVar[bool] = True
+
     def __init__(self, sparsity: float = 0.5) -> None:
         super().__init__()
         if not 0.0 <= sparsity < 1.0:
-            raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
+            raise ConfigError(f"sparsity must be in [0, 1), got {sparsity}")
         self.sparsity = sparsity
 
     def forward(self, x: Tensor) -> Tensor:
@@ -72,11 +102,11 @@ class QuantileReLU(nn.Module):
 
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {
-    "relu": lambda: nn.ReLU(),
-    "gelu": lambda: nn.GELU(),
-    "silu": lambda: nn.SiLU(),
-    "tanh": lambda: nn.Tanh(),
-    "identity": lambda: nn.Identity(),
+    "relu": ReLU,
+    "gelu": GELU,
+    "silu": SiLU,
+    "tanh": Tanh,
+    "identity": Identity,
     "relu2": lambda: ReLU2(None),
     "relu2_clip": lambda clip=DEFAULT_CLIP: ReLU2(clip),
     "gelu2": lambda: GELU2(None),
@@ -84,10 +114,11 @@ _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "quantile_relu": lambda sparsity=0.5: QuantileReLU(sparsity),
 }
 
-# phi(z) has positive mean under z ~ N(0, 1): the layers reading these drift negative (paper 000-09).
-POSITIVELY_BIASED = frozenset(
-    {"relu", "gelu", "silu", "relu2", "relu2_clip", "gelu2", "gelu2_clip", "quantile_relu"}
-)
+# torch's own activation classes, for modules built without this registry (positive_bias of each).
+_TORCH_BIAS: dict[type[nn.Module], bool] = {
+    nn.ReLU: True, nn.GELU: True, nn.SiLU: True, nn.ReLU6: True, nn.Softplus: True, nn.ELU: True,
+    nn.Tanh: False, nn.Identity: False, nn.Hardtanh: False, nn.Softsign: False,
+}
 
 
 def activation_names() -> list[str]:
@@ -103,11 +134,11 @@ def get_activation(name: str, clip: float | None = None, sparsity: float | None 
     try:
         factory = _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown activation {name!r}; choose one of {activation_names()}") from None
+        raise ConfigError(f"unknown activation {name!r}; choose one of {activation_names()}") from None
     if clip is not None and not name.endswith("_clip"):
-        raise ValueError(f"clip={clip} only applies to relu2_clip / gelu2_clip, not {name!r}")
+        raise ConfigError(f"clip={clip} only applies to relu2_clip / gelu2_clip, not {name!r}")
     if sparsity is not None and name != "quantile_relu":
-        raise ValueError(f"sparsity={sparsity} only applies to quantile_relu, not {name!r}")
+        raise ConfigError(f"sparsity={sparsity} only applies to quantile_relu, not {name!r}")
     if clip is not None:
         return factory(clip)
     if sparsity is not None:
@@ -115,6 +146,18 @@ def get_activation(name: str, clip: float | None = None, sparsity: float | None 
     return factory()
 
 
+def activation_bias(module: nn.Module) -> bool | None:
+    """True for an activation with ``E[phi(z)] > 0`` under symmetric ``z`` (relu, gelu, silu, squares),
+    False for a symmetric one (tanh, identity), None when ``module`` is not a known activation."""
+    declared = getattr(type(module), "positive_bias", None)
+    if declared is not None:
+        return bool(declared)
+    for cls in type(module).__mro__:
+        if cls in _TORCH_BIAS:
+            return _TORCH_BIAS[cls]
+    return None
+
+
 def is_positively_biased(module: nn.Module) -> bool:
     """Whether ``module`` is an activation with E[phi(z)] > 0 for symmetric z (relu, gelu, silu, squares)."""
-    return isinstance(module, nn.ReLU | nn.GELU | nn.SiLU | ReLU2 | GELU2 | QuantileReLU)
+    return activation_bias(module) is True

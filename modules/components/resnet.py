@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
+from errors import ConfigError
 from modules.components.activations import get_activation
 
 
@@ -38,10 +39,10 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    """CIFAR-style ResNet: ``in_channels`` images -> ``num_classes`` logits.
+    """CIFAR-style ResNet: images ``(B, C, H, W)`` -> ``num_classes`` logits (a task network).
 
     Args:
-        in_channels: image channels (1 for digits, 3 for CIFAR-10).
+        in_shape: one image's shape ``(C, H, W)`` (or its channel count): 1 channel for digits, 3 for CIFAR.
         num_classes: number of classes.
         widths: channels of each stage (the stem has ``widths[0]``).
         blocks_per_stage: BasicBlocks per stage (3 gives ResNet-20 with the default three stages).
@@ -50,15 +51,18 @@ class ResNet(nn.Module):
 
     def __init__(
         self,
-        in_channels: int = 1,
+        in_shape: int | Sequence[int] = (1, 8, 8),
         num_classes: int = 10,
         widths: Sequence[int] = (16, 32, 64),
         blocks_per_stage: int = 1,
         activation: str = "relu",
     ) -> None:
         super().__init__()
+        in_channels = in_shape if isinstance(in_shape, int) else int(in_shape[0])
+        if not isinstance(in_shape, int) and len(in_shape) != 3:
+            raise ConfigError(f"ResNet needs images (C, H, W), got samples of shape {tuple(in_shape)}: set image_shape: true")
         if not widths or min(widths) <= 0 or blocks_per_stage <= 0 or in_channels <= 0 or num_classes <= 0:
-            raise ValueError(
+            raise ConfigError(
                 f"ResNet sizes must be positive: widths={list(widths)}, blocks={blocks_per_stage}"
             )
         self.stem = nn.Sequential(
@@ -84,7 +88,7 @@ class ResNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4:
-            raise ValueError(
+            raise ConfigError(
                 f"ResNet expects images (B, C, H, W), got {tuple(x.shape)}; use image_shape=True"
             )
         return self.fc(self.flatten(self.pool(self.stages(self.stem_act(self.stem(x))))))

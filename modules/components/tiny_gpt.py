@@ -9,11 +9,13 @@ activation's output, which is where weight-drift diagnostics look.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from errors import ConfigError
 from modules.components.activations import get_activation
 
 
@@ -29,7 +31,7 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.causal = causal
         if n_embd % n_head != 0:
-            raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
+            raise ConfigError(f"n_embd={n_embd} must be divisible by n_head={n_head}")
         self.n_head = n_head
         self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
@@ -83,14 +85,17 @@ class Block(nn.Module):
 class TinyGPT(nn.Module):
     """GPT language model: ``idx (B, T) -> logits (B, T, vocab_size)`` with causal attention.
 
+    A task network for next-token data: ``(block_size, vocab_size)`` come first, as ``(in_shape, out_dim)``
+    (``in_shape`` of token windows is ``(block_size,)``; the output classes are the vocabulary).
+
     Initialisation follows GPT-2/minGPT: N(0, 0.02) weights, residual output projections scaled by
     ``1/sqrt(2 n_layer)`` so the residual stream's variance does not grow with depth.
     """
 
     def __init__(
         self,
+        block_size: int | Sequence[int] = 64,
         vocab_size: int = 128,
-        block_size: int = 64,
         n_layer: int = 3,
         n_head: int = 3,
         n_embd: int = 48,
@@ -101,8 +106,10 @@ class TinyGPT(nn.Module):
         tie_weights: bool = True,
     ) -> None:
         super().__init__()
+        if not isinstance(block_size, int):
+            (block_size,) = block_size
         if min(vocab_size, block_size, n_layer, n_head, n_embd, mlp_ratio) <= 0:
-            raise ValueError("TinyGPT sizes must be positive")
+            raise ConfigError("TinyGPT sizes must be positive")
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.tok_emb = nn.Embedding(vocab_size, n_embd)
@@ -131,10 +138,10 @@ class TinyGPT(nn.Module):
 
     def forward(self, idx: Tensor) -> Tensor:
         if idx.dim() != 2:
-            raise ValueError(f"TinyGPT expects idx of shape (B, T), got {tuple(idx.shape)}")
+            raise ConfigError(f"TinyGPT expects idx of shape (B, T), got {tuple(idx.shape)}")
         t = idx.shape[1]
         if t > self.block_size:
-            raise ValueError(f"sequence length {t} exceeds block_size={self.block_size}; raise block_size")
+            raise ConfigError(f"sequence length {t} exceeds block_size={self.block_size}; raise block_size")
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         for block in self.blocks:

@@ -6,19 +6,22 @@ The blocks are the tiny GPT's (``tiny_gpt.Block``) with non-causal attention, so
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
+from errors import ConfigError
 from modules.components.tiny_gpt import Block
 
 
 class ViT(nn.Module):
-    """``images (B, C, H, W) -> logits (B, num_classes)``.
+    """``images (B, C, H, W) -> logits (B, num_classes)`` (a task network).
 
     Args:
-        image_size: side of the square input image.
-        patch_size: side of a square patch (must divide ``image_size``).
-        in_channels, num_classes: input channels and classes.
+        in_shape: one image's shape ``(C, H, W)``, square.
+        num_classes: classes.
+        patch_size: side of a square patch (must divide the image side).
         dim, depth, heads, mlp_ratio: transformer width, number of blocks, heads, MLP expansion.
         activation: the MLP activation (see ``activation_names()``).
         dropout: dropout inside the blocks.
@@ -26,10 +29,9 @@ class ViT(nn.Module):
 
     def __init__(
         self,
-        image_size: int = 8,
-        patch_size: int = 2,
-        in_channels: int = 1,
+        in_shape: Sequence[int] = (1, 8, 8),
         num_classes: int = 10,
+        patch_size: int = 2,
         dim: int = 48,
         depth: int = 3,
         heads: int = 3,
@@ -38,8 +40,11 @@ class ViT(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
+        if len(in_shape) != 3 or in_shape[1] != in_shape[2]:
+            raise ConfigError(f"ViT needs square images (C, H, H), got samples of shape {tuple(in_shape)}: set image_shape: true")
+        in_channels, image_size = int(in_shape[0]), int(in_shape[1])
         if patch_size <= 0 or image_size % patch_size != 0:
-            raise ValueError(f"patch_size={patch_size} must divide image_size={image_size}")
+            raise ConfigError(f"patch_size={patch_size} must divide image_size={image_size}")
         n_patches = (image_size // patch_size) ** 2
         self.image_size = image_size
         self.patch = nn.Conv2d(in_channels, dim, patch_size, stride=patch_size)
@@ -53,9 +58,9 @@ class ViT(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 4 or x.shape[-1] != self.image_size or x.shape[-2] != self.image_size:
-            raise ValueError(
+            raise ConfigError(
                 f"ViT expects images (B, C, {self.image_size}, {self.image_size}), got {tuple(x.shape)}; "
-                "use image_shape=True or set image_size"
+                "use image_shape=True"
             )
         z = self.patch(x).flatten(2).transpose(1, 2)
         z = torch.cat([self.cls.expand(z.shape[0], -1, -1), z], dim=1) + self.pos

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from callbacks.activation_stats import ActivationStats, histogram_median, layer_input_stats
+from callbacks.diagnostic import Schedule
 from callbacks.weight_drift import WeightDrift
 from datamodules.random_gaussian import RandomGaussianDataModule
-from modules.weight_drift import WeightDriftModel
-from tests.helpers import CleanDistributedExit
+from tests.helpers import CleanDistributedExit, drift_model
 
 
 def _trainer(callbacks, max_steps, **kw):
@@ -90,7 +90,7 @@ def test_validation_numbers_equal_direct_computation():
 
 def test_train_cadence_uses_eval_mode_and_every_n_steps():
     model, dm = _Tiny(), _data()
-    cb = ActivationStats(eval_batches=0, every_n_steps=2)
+    cb = ActivationStats(schedule=Schedule(at_fit_start=False, every_n_steps=2), eval_batches=0)
     _trainer([cb], 6, limit_val_batches=0).fit(model, dm)
     assert [h["step"] for h in cb.history] == [2, 4, 6]
     assert model.training  # restored after the measurement
@@ -103,12 +103,12 @@ def test_train_cadence_uses_eval_mode_and_every_n_steps():
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="never measure"):
-        ActivationStats(eval_batches=0, every_n_steps=0)
+        ActivationStats(schedule=Schedule(at_fit_start=False, at_validation=True), eval_batches=0)
 
 
 class _DumpDrift(WeightDrift):
     def __init__(self, path: str) -> None:
-        super().__init__(every_n_steps=2, plot=False)
+        super().__init__(schedule=Schedule(every_n_steps=2), plot=False)
         self.path = path
 
     def on_fit_end(self, trainer, pl_module):
@@ -119,7 +119,8 @@ class _DumpDrift(WeightDrift):
 
 class _DumpActs(ActivationStats):
     def __init__(self, path: str) -> None:
-        super().__init__(eval_batches=2, every_n_steps=2, plot=False)
+        super().__init__(schedule=Schedule(at_fit_start=False, at_validation=True, every_n_steps=2),
+                         eval_batches=2, plot=False)
         self.path = path
 
     def on_fit_end(self, trainer, pl_module):
@@ -130,7 +131,7 @@ class _DumpActs(ActivationStats):
 
 def _run(tmp_path, tag, devices, strategy):
     L.seed_everything(0)
-    model = WeightDriftModel(hidden=[16, 16], optimizer="sgd", lr=0.1)
+    model = drift_model(hidden=[16, 16], lr=0.1)
     cbs = [_DumpDrift(str(tmp_path / f"drift_{tag}.json")), _DumpActs(str(tmp_path / f"acts_{tag}.json")),
            CleanDistributedExit()]
     trainer = _trainer(

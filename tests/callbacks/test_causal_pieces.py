@@ -3,6 +3,7 @@ hashing, DDP union, logging and figures, bad input."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import lightning as L
@@ -12,6 +13,7 @@ from lightning.pytorch.loggers import Logger
 from torch import nn
 
 from callbacks.causal_pieces import CausalPieceCounter, count_pieces, pack_bits, piece_ids
+from callbacks.diagnostic import Schedule
 from datamodules.spike_encoding import SpikeYinYangDataModule
 from modules.causal_pieces import CausalPiecesSNN
 from modules.components.mlp import MLP
@@ -83,7 +85,7 @@ def test_path_mode_ignores_irrelevant_neurons():
 
 def test_relu_linear_regions_match_naive_loop():
     torch.manual_seed(0)
-    mlp = MLP(2, [8, 8], 3)
+    mlp = MLP(2, 3, [8, 8])
     x = torch.rand(3000, 2) * 4 - 2
     ref = set()
     with torch.no_grad():
@@ -154,7 +156,7 @@ class _Capture(Logger):
 def test_callback_logs_at_fit_start_and_every_n_epochs():
     dm = SpikeYinYangDataModule(train_size=300, val_size=30, test_size=30, batch_size=100)
     model = CausalPiecesSNN(hidden_sizes=[10], init_seed=0)
-    cb = CausalPieceCounter(every_n_epochs=2, piece_map=False)
+    cb = CausalPieceCounter(schedule=Schedule(every_n_epochs=2), piece_map=False)
     logger = _Capture()
     trainer = L.Trainer(
         max_epochs=4,
@@ -191,7 +193,7 @@ def test_piece_map_figure_is_an_mlflow_artifact(paperlab_tmp):
     dm = SpikeYinYangDataModule(train_size=200, val_size=20, test_size=20, batch_size=100)
     model = CausalPiecesSNN(hidden_sizes=[10], init_seed=0)
     logger = MLFlowLogger(experiment_name="causal_pieces_test", tracking_uri=mlflow.get_tracking_uri())
-    cb = CausalPieceCounter(every_n_epochs=0, piece_map_resolution=40)
+    cb = CausalPieceCounter(schedule=Schedule(every_n_epochs=0), piece_map_resolution=40)
     L.Trainer(
         max_epochs=1,
         logger=logger,
@@ -210,10 +212,12 @@ def test_piece_map_figure_is_an_mlflow_artifact(paperlab_tmp):
 def test_ddp_count_is_the_union_over_ranks(tmp_path):
     """ddp_spawn, 2 CPU processes: each rank sees half of every batch; the count is that of the union."""
     dm = SpikeYinYangDataModule(train_size=240, val_size=20, test_size=20, batch_size=60)
-    model = CausalPiecesSNN(hidden_sizes=[6], init_seed=0)
+    # ddp_spawn pickles the module: a picklable optimizer instead of the default (a lambda, for the CLI)
+    model = CausalPiecesSNN(hidden_sizes=[6], init_seed=0, optimizer=functools.partial(torch.optim.Adam, lr=5e-3),
+                            lr_scheduler=None)
     dm.setup()
     single = count_pieces(model, [dm.splits["train"]]).count
-    cb = CausalPieceCounter(every_n_epochs=0, piece_map=False)
+    cb = CausalPieceCounter(schedule=Schedule(every_n_epochs=0), piece_map=False)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,

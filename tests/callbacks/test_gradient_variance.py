@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from callbacks.diagnostic import Schedule
 from callbacks.grad_variance import GradientVarianceEstimator
 from callbacks.gradient_variance import GradientVariance, estimate_gradient_variance
 from datamodules.base import BatchedTensorLoader
@@ -174,7 +175,7 @@ class DumpGradientVariance(GradientVariance):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         super().on_before_optimizer_step(trainer, pl_module, optimizer)
         if trainer.global_rank == 0 and self.history and len(self.history) == 1:
-            _, r = self.history[0]
+            r = self.history[0]
             with open(self.path, "w") as f:
                 json.dump({"trace": r["trace"], "grad_norm_sq": r["grad_norm_sq"], "n": r["n"]}, f)
 
@@ -188,26 +189,27 @@ def _fit(callbacks, **kw):
 
 
 def test_callback_value_and_cadence_and_unchanged_step():
-    cb = GradientVariance(every_n_steps=2)
+    cb = GradientVariance(schedule=Schedule(every_n_steps=2))
     model = _fit([cb], max_steps=4, devices=1)
-    assert [s for s, _ in cb.history] == [0, 2]
+    assert [h["step"] for h in cb.history] == [0, 2]
     # step 0 is measured on the first batch with the initial weights: compare with the naive loop
     ref_model = TinyClassifier()
     ref = naive(ref_model.net, cls_loss, (ref_model.x[:16], ref_model.y[:16]))
-    assert cb.history[0][1]["trace"] == pytest.approx(ref["trace"], rel=1e-5)
-    m = cb.metrics(cb.history[0][1])
-    assert {"diag/grad_var/trace", "diag/grad_var/noise_scale", "diag/grad_var/net.0/trace"} <= set(m)
+    assert cb.history[0]["trace"] == pytest.approx(ref["trace"], rel=1e-5)
+    assert cb.history[0]["net.0/trace"] == pytest.approx(ref["groups"]["0"][0], rel=1e-5)  # ref on model.net
+    assert cb.history[0]["minibatch_var"] == pytest.approx(ref["trace"] / 16, rel=1e-5)
+    assert {"trace", "noise_scale", "grad_norm_sq", "net.0/trace"} <= set(cb.history[0])
     plain = _fit([], max_steps=4, devices=1)
     for a, b in zip(model.parameters(), plain.parameters()):
         assert torch.equal(a, b)
 
 
 def test_callback_with_accumulation_and_bf16_mixed_leaves_training_unchanged():
-    cb = GradientVariance(every_n_steps=1)
+    cb = GradientVariance(schedule=Schedule(every_n_steps=1))
     kw = dict(max_steps=2, devices=1, accumulate_grad_batches=2, precision="bf16-mixed")
     model = _fit([cb], **kw)
-    assert [s for s, _ in cb.history] == [0, 1] and all(r["n"] == 16 for _, r in cb.history)
-    assert all(torch.isfinite(torch.tensor(r["trace"])) and r["trace"] > 0 for _, r in cb.history)
+    assert [h["step"] for h in cb.history] == [0, 1] and all(h["n"] == 16 for h in cb.history)
+    assert all(torch.isfinite(torch.tensor(h["trace"])) and h["trace"] > 0 for h in cb.history)
     plain = _fit([], **kw)
     for a, b in zip(model.parameters(), plain.parameters()):
         assert torch.equal(a, b)
@@ -224,8 +226,8 @@ def test_missing_protocol_method_is_a_clear_error():
 
 def test_callback_under_ddp_equals_single_process_on_the_global_batch(tmp_path):
     single, ddp = tmp_path / "single.json", tmp_path / "ddp.json"
-    _fit([DumpGradientVariance(str(single), every_n_steps=10)], max_steps=1, devices=1)
-    _fit([DumpGradientVariance(str(ddp), every_n_steps=10), CleanDistributedExit()], max_steps=1, devices=2,
+    _fit([DumpGradientVariance(str(single), schedule=Schedule(every_n_steps=10))], max_steps=1, devices=1)
+    _fit([DumpGradientVariance(str(ddp), schedule=Schedule(every_n_steps=10)), CleanDistributedExit()], max_steps=1, devices=2,
          strategy="ddp_spawn")
     a, b = json.loads(single.read_text()), json.loads(ddp.read_text())
     assert a["n"] == b["n"] == 16

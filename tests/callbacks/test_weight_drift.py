@@ -8,12 +8,13 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
+from callbacks.diagnostic import Schedule
 from callbacks.weight_drift import InputSourceTracer, WeightDrift, weight_stats
 from datamodules.random_gaussian import RandomGaussianDataModule
 from modules.components.resnet import ResNet
 from modules.components.tiny_gpt import TinyGPT
 from modules.components.vit import ViT
-from modules.weight_drift import WeightDriftModel
+from tests.helpers import drift_model
 
 
 def _trainer(callbacks, max_steps, **kw):
@@ -80,7 +81,7 @@ def test_roles_on_every_architecture():
 
 
 def _model(**kw):
-    return WeightDriftModel(hidden=[16, 16], **kw)
+    return drift_model(hidden=[16, 16], **kw)
 
 
 def _data():
@@ -89,9 +90,9 @@ def _data():
 
 def test_logged_values_equal_direct_computation():
     torch.manual_seed(0)
-    model = _model(activation="relu", optimizer="sgd", lr=0.1)
+    model = _model(activation="relu", lr=0.1)
     w0 = {n: m.weight.detach().clone() for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-    cb = WeightDrift(every_n_steps=4)
+    cb = WeightDrift(schedule=Schedule(every_n_steps=4))
     _trainer([cb], 12).fit(model, _data())
     assert [h["step"] for h in cb.history] == [0, 4, 8, 12]
     last = cb.history[-1]
@@ -112,8 +113,8 @@ def test_grad_mean_is_the_gradient_of_the_logged_step():
     # plain SGD: W_k = W_{k-1} - lr * g_k, so mean(g_k) = -(mean W_k - mean W_{k-1}) / lr
     torch.manual_seed(0)
     lr = 0.1
-    cb = WeightDrift(every_n_steps=1)
-    _trainer([cb], 5).fit(_model(optimizer="sgd", lr=lr), _data())
+    cb = WeightDrift(schedule=Schedule(every_n_steps=1))
+    _trainer([cb], 5).fit(_model(lr=lr), _data())
     for prev, cur in zip(cb.history[:-1], cb.history[1:]):
         for n in ("net.layers.0", "net.layers.2", "net.layers.4"):
             expected = -(cur[f"{n}/mean"] - prev[f"{n}/mean"]) / lr
@@ -127,10 +128,10 @@ def test_grad_mean_is_the_gradient_of_the_logged_step():
 def test_state_dict_round_trip():
     torch.manual_seed(0)
     model = _model()
-    cb = WeightDrift(every_n_steps=2)
+    cb = WeightDrift(schedule=Schedule(every_n_steps=2))
     _trainer([cb], 4).fit(model, _data())
     state = cb.state_dict()
-    fresh = WeightDrift(every_n_steps=2)
+    fresh = WeightDrift(schedule=Schedule(every_n_steps=2))
     fresh.load_state_dict(state)
     for n, w in cb.initial.items():
         assert torch.equal(fresh.initial[n], w)
@@ -140,17 +141,20 @@ def test_state_dict_round_trip():
 
 def test_resume_from_checkpoint_keeps_true_initialisation(tmp_path):
     torch.manual_seed(0)
-    model = _model(optimizer="sgd", lr=0.2)
+    model = _model(lr=0.2)
     w0 = {n: m.weight.detach().clone() for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=6)
-    _trainer([WeightDrift(every_n_steps=3), ckpt], 6, enable_checkpointing=True).fit(model, _data())
+    _trainer([WeightDrift(schedule=Schedule(every_n_steps=3)), ckpt], 6, enable_checkpointing=True,
+             default_root_dir=tmp_path).fit(model, _data())
     path = tmp_path / "last.ckpt"
     assert path.exists()
 
     torch.manual_seed(1)
-    resumed_model = _model(optimizer="sgd", lr=0.2)  # different init: drift must still be from the first W_0
-    cb = WeightDrift(every_n_steps=3)
-    _trainer([cb], 12, enable_checkpointing=True).fit(resumed_model, _data(), ckpt_path=str(path))
+    resumed_model = _model(lr=0.2)  # different init: drift must still be from the first W_0
+    cb = WeightDrift(schedule=Schedule(every_n_steps=3))
+    _trainer([cb], 12, enable_checkpointing=True, default_root_dir=tmp_path).fit(
+        resumed_model, _data(), ckpt_path=str(path)
+    )
     for n, w in w0.items():
         assert torch.equal(cb.initial[n].cpu(), w)
     last = cb.history[-1]
@@ -163,4 +167,6 @@ def test_resume_from_checkpoint_keeps_true_initialisation(tmp_path):
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="every_n_steps"):
-        WeightDrift(every_n_steps=0)
+        WeightDrift(schedule=Schedule(every_n_steps=-1))
+    with pytest.raises(ValueError, match="never measure"):
+        WeightDrift(schedule=Schedule(at_fit_start=False))

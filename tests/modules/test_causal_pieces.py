@@ -146,7 +146,7 @@ def test_bad_input_messages():
     with pytest.raises(ValueError, match="one value per layer"):
         CausalPiecesSNN(hidden_sizes=[10, 10])
     model = CausalPiecesSNN(hidden_sizes=[8], init_seed=0)
-    with pytest.raises(ValueError, match="n_inputs"):
+    with pytest.raises(ValueError, match="expects 5 input spike times per sample"):
         model(torch.rand(2, 4))
     with pytest.raises(ValueError, match=r"\+inf"):
         model(torch.full((2, 5), math.nan))
@@ -183,7 +183,8 @@ def test_training_learns_yinyang_quickly():
     """A few epochs on a 1500-sample subset already separate the three classes well above chance."""
     torch.manual_seed(0)
     dm = SpikeYinYangDataModule(train_size=1500, val_size=300, test_size=500)
-    model = CausalPiecesSNN(hidden_sizes=[60], init_mean=[1.5, 0.5], init_seed=0, lr=0.01)
+    model = CausalPiecesSNN(hidden_sizes=[60], init_mean=[1.5, 0.5], init_seed=0,
+                            optimizer=lambda p: torch.optim.Adam(p, lr=0.01))
     trainer = L.Trainer(
         max_epochs=8, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
     )

@@ -148,7 +148,8 @@ def test_resnet_and_vit_shapes_and_errors():
     resnet = ResNet(widths=(4, 8, 16), blocks_per_stage=2, activation="gelu")
     assert resnet(x).shape == (3, 10)
     assert sum(isinstance(m, torch.nn.GELU) for m in resnet.modules()) == 1 + 3 * 2 * 2
-    assert ResNet(in_channels=3, num_classes=5)(torch.rand(2, 3, 32, 32)).shape == (2, 5)
+    assert ResNet((3, 32, 32), num_classes=5)(torch.rand(2, 3, 32, 32)).shape == (2, 5)
+    assert ResNet(3, 5)(torch.rand(2, 3, 16, 16)).shape == (2, 5)  # a channel count is enough
     vit = ViT(dim=12, heads=2, depth=2, activation="relu2_clip")
     assert vit(x).shape == (3, 10)
     assert not vit.blocks[0].attn.causal  # a ViT token sees every patch
@@ -157,7 +158,9 @@ def test_resnet_and_vit_shapes_and_errors():
     with pytest.raises(ValueError, match="image_shape"):
         vit(torch.rand(3, 64))
     with pytest.raises(ValueError, match="divide"):
-        ViT(image_size=8, patch_size=3)
+        ViT((1, 8, 8), patch_size=3)
+    with pytest.raises(ValueError, match="image_shape"):
+        ViT((64,))  # flat samples: the data module must give images
 
 
 def test_vit_attention_is_not_causal():

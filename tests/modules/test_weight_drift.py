@@ -1,5 +1,6 @@
-"""WeightDriftModel: every architecture trains a step, the losses match their definitions, bad input
-fails clearly, and every config runs end to end through the CLI."""
+"""WeightDriftModel (the shared SupervisedTask under paper 000-09): every architecture trains through its
+task network, the losses match their definitions, bad input fails clearly, and every config runs end to
+end through the CLI."""
 
 from __future__ import annotations
 
@@ -13,9 +14,16 @@ import torch.nn.functional as F
 from datamodules.digits import DigitsDataModule
 from datamodules.random_gaussian import RandomGaussianDataModule
 from datamodules.text import CharTextDataModule
+from modules.components.mlp import MLP
+from modules.components.resnet import ResNet
+from modules.components.tiny_gpt import TinyGPT
+from modules.components.vit import ViT
 from modules.weight_drift import WeightDriftModel
+from tests.helpers import mlp_net, sgd
 
-CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "weight_drift").glob("*.yaml"))
+CONFIGS = sorted(
+    p for p in (Path(__file__).resolve().parents[2] / "configs" / "weight_drift").glob("*.yaml") if "sweep" not in p.stem
+)
 
 
 def _fit(model, dm, steps=2):
@@ -35,84 +43,75 @@ def _fit(model, dm, steps=2):
 
 
 @pytest.mark.parametrize(
-    "arch, kw, dm",
+    "net, dm",
     [
-        ("mlp", {"hidden": [8]}, lambda: RandomGaussianDataModule(train_size=64, val_size=32, test_size=32)),
-        ("resnet", {"resnet_widths": [4, 8]}, lambda: DigitsDataModule(image_shape=True, batch_size=16)),
+        (lambda s, n: MLP(s, n, hidden=[8]), lambda: RandomGaussianDataModule(train_size=64, val_size=32, test_size=32)),
+        (lambda s, n: ResNet(s, n, widths=[4, 8]), lambda: DigitsDataModule(image_shape=True, batch_size=16)),
+        (lambda s, n: ViT(s, n, dim=12, depth=1, heads=2), lambda: DigitsDataModule(image_shape=True, batch_size=16)),
         (
-            "vit",
-            {"vit_dim": 12, "vit_depth": 1, "vit_heads": 2},
-            lambda: DigitsDataModule(image_shape=True, batch_size=16),
-        ),
-        (
-            "gpt",
-            {"n_layer": 1, "n_embd": 12, "n_head": 2, "block_size": 16},
+            lambda s, n: TinyGPT(s, n, n_layer=1, n_embd=12, n_head=2),
             lambda: CharTextDataModule(block_size=16, max_chars=20_000, batch_size=8),
         ),
     ],
+    ids=["mlp", "resnet", "vit", "gpt"],
 )
-def test_every_architecture_trains(arch, kw, dm):
+def test_every_architecture_trains(net, dm):
     torch.manual_seed(0)
-    model = WeightDriftModel(arch=arch, **kw)
+    data = dm()
+    model = WeightDriftModel(net=net, input_shape=data.input_shape, num_classes=data.num_classes)
     before = [p.detach().clone() for p in model.parameters()]
-    trainer = _fit(model, dm())
+    trainer = _fit(model, data)
     assert trainer.global_step == 2
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert "val/loss" in trainer.callback_metrics
-    if arch == "gpt":
+    if isinstance(model.net, TinyGPT):
         assert trainer.callback_metrics["val/bpc"] == pytest.approx(
             trainer.callback_metrics["val/loss"].item() / torch.log(torch.tensor(2.0)).item(), rel=1e-5
         )
+    else:
+        assert "val/bpc" not in trainer.callback_metrics
 
 
 def test_losses_match_definitions():
     torch.manual_seed(0)
     logits, y = torch.randn(6, 10), torch.randint(0, 10, (6,))
-    ce = WeightDriftModel(hidden=[4])
-    mse = WeightDriftModel(hidden=[4], loss="mse")
-    assert ce._loss(logits, y).item() == pytest.approx(F.cross_entropy(logits, y).item())
+    ce = WeightDriftModel(net=mlp_net([4]), input_shape=(64,), num_classes=10)
+    mse = WeightDriftModel(net=mlp_net([4]), input_shape=(64,), num_classes=10, loss="mse")
+    assert ce.loss_fn(logits, y).item() == pytest.approx(F.cross_entropy(logits, y).item())
     onehot = torch.zeros(6, 10)
     onehot[torch.arange(6), y] = 1.0
-    assert mse._loss(logits, y).item() == pytest.approx(((logits - onehot) ** 2).mean().item())
-    gpt = WeightDriftModel(arch="gpt", n_layer=1, n_embd=12, n_head=2, block_size=8)
-    lm_logits, lm_y = torch.randn(2, 8, 128), torch.randint(0, 128, (2, 8))
-    assert gpt._loss(lm_logits, lm_y).item() == pytest.approx(
-        F.cross_entropy(lm_logits.reshape(-1, 128), lm_y.reshape(-1)).item()
-    )
+    assert mse.loss_fn(logits, y).item() == pytest.approx(((logits - onehot) ** 2).mean().item())
+    per_row = mse.loss_fn(logits, y, reduction="none")
+    assert per_row.shape == (6,) and per_row.mean().item() == pytest.approx(mse.loss_fn(logits, y).item())
+    gpt = WeightDriftModel(net=lambda s, n: TinyGPT(s, n, n_layer=1, n_embd=12, n_head=2), input_shape=(8,),
+                           num_classes=128)
+    idx, lm_y = torch.randint(0, 128, (2, 8)), torch.randint(0, 128, (2, 8))
+    out = gpt.step((idx, lm_y), "train")
+    lm_logits = gpt(idx)
+    assert out.loss.item() == pytest.approx(F.cross_entropy(lm_logits.reshape(-1, 128), lm_y.reshape(-1)).item())
+    assert out.n == 16
+    # per-sample losses (the GradientVariance protocol) average to the training loss
+    assert gpt.per_sample_loss((idx, lm_y)).mean().item() == pytest.approx(out.loss.item(), rel=1e-6)
 
 
-@pytest.mark.parametrize(
-    "kw, match",
-    [
-        ({"arch": "lstm"}, "arch"),
-        ({"loss": "hinge"}, "loss"),
-        ({"optimizer": "lion"}, "optimizer"),
-        ({"lr": 0.0}, "lr"),
-        ({"activation": "swish9"}, "activation"),
-        ({"init": "xavier"}, "init"),
-    ],
-)
-def test_bad_arguments(kw, match):
-    with pytest.raises(ValueError, match=match):
-        WeightDriftModel(**kw)
-
-
-def test_bad_batches_name_the_fix():
-    model = WeightDriftModel(hidden=[4], in_dim=64)
-    with pytest.raises(ValueError, match="in_dim"):
-        model._step((torch.randn(2, 10), torch.zeros(2, dtype=torch.long)), "train")
-    vit = WeightDriftModel(arch="vit", vit_dim=12, vit_heads=2, vit_depth=1)
+def test_bad_arguments_and_batches_name_the_fix():
+    with pytest.raises(ValueError, match="loss must be one of"):
+        WeightDriftModel(loss="hinge")
+    with pytest.raises(ValueError, match="activation"):
+        WeightDriftModel(net=mlp_net([4], activation="swish9"))
+    with pytest.raises(ValueError, match="init"):
+        MLP(4, 3, init="xavier")
+    model = WeightDriftModel(net=mlp_net([4]), input_shape=(64,), num_classes=10)
+    with pytest.raises(ValueError, match="expects 64 input features"):
+        model.step((torch.randn(2, 10), torch.zeros(2, dtype=torch.long)), "train")
     with pytest.raises(ValueError, match="image_shape"):
-        vit._step((torch.randn(2, 64), torch.zeros(2, dtype=torch.long)), "train")
+        WeightDriftModel(net=lambda s, n: ViT(s, n, dim=12, heads=2, depth=1), input_shape=(64,), num_classes=10)
 
 
-def test_optimizers():
-    m = WeightDriftModel(hidden=[4], optimizer="sgd", lr=0.5, momentum=0.9)
+def test_optimizer_from_the_config():
+    m = WeightDriftModel(net=mlp_net([4]), optimizer=sgd(0.5, momentum=0.9))
     opt = m.configure_optimizers()
-    assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.9
-    opt = WeightDriftModel(hidden=[4], betas=(0.8, 0.9)).configure_optimizers()
-    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["betas"] == (0.8, 0.9)
-    assert opt.defaults["weight_decay"] == 0.0
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.9 and opt.defaults["lr"] == 0.5
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])

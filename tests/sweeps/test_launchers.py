@@ -17,7 +17,7 @@ from tests.sweeps.common import BASE, write_sweep
 
 
 def _sweep(tmp: Path) -> Path:
-    return write_sweep(tmp, grid={"model.init_args.activation": ["relu", "tanh"]}, seeds=[0, 1], test=True)
+    return write_sweep(tmp, grid={"model.net.activation": ["relu", "tanh"]}, seeds=[0, 1], test=True)
 
 
 def test_slurm_dry_run_prints_an_array_script_with_one_task_per_point(
@@ -77,7 +77,7 @@ def test_slurm_dry_run_prints_an_array_script_with_one_task_per_point(
 def test_an_array_task_runs_exactly_its_point_under_the_shared_parent(
     paperlab_tmp: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    sweep = write_sweep(paperlab_tmp, grid={"model.init_args.activation": ["relu", "tanh"]}, seeds=[0])
+    sweep = write_sweep(paperlab_tmp, grid={"model.net.activation": ["relu", "tanh"]}, seeds=[0])
     assert cli_main(["sweep", "--config", str(sweep), "--launcher", "slurm"]) == 0
     assert cli_main(["sweep", "--config", str(sweep), "--point", "1", "--in-process"]) == 0
     runs = runs_of("mlp_classifier")
@@ -182,7 +182,7 @@ def test_torchrun_dry_run_prints_the_per_node_command_and_the_cli_accepts_it(
     # (devices is typed int | str | list: jsonargparse keeps "4", which Lightning reads as 4 devices)
     assert printed["trainer"]["num_nodes"] == 2 and str(printed["trainer"]["devices"]) == "4"
     assert printed["trainer"]["strategy"] == "ddp"
-    assert printed["model"]["init_args"]["activation"] == "relu"
+    assert printed["model"]["init_args"]["net"]["init_args"]["activation"] == "relu"
 
     # Several nodes cannot be started from here: a clear error, nothing runs.
     assert cli_main(["sweep", "--config", str(sweep), "--launcher", "torchrun", "--nodes", "2"]) == 101

@@ -37,10 +37,10 @@ def test_sweep_logs_parent_and_children_skips_finished_points_and_compares(
     paperlab_tmp: Path, capsys: pytest.CaptureFixture
 ) -> None:
     # Enough training and test data that runs differ: the statistics below must have something to check.
-    more = {"trainer.limit_train_batches": 4, "trainer.limit_test_batches": 4, "model.init_args.lr": 0.05}
+    more = {"trainer.limit_train_batches": 4, "trainer.limit_test_batches": 4, "model.optimizer.lr": 0.05}
     sweep = write_sweep(
         paperlab_tmp,
-        grid={"model.init_args.activation": ["relu", "tanh"]},
+        grid={"model.net.activation": ["relu", "tanh"]},
         seeds=[0, 1],
         test=True,
         overrides=more,
@@ -65,7 +65,7 @@ def test_sweep_logs_parent_and_children_skips_finished_points_and_compares(
     for run in kids:
         act, seed = run.info.run_name.split("=")[1].split("-s")
         assert run.info.status == "FINISHED"
-        assert run.data.params["model.init_args.activation"] == act
+        assert run.data.params["model.init_args.net.init_args.activation"] == act
         assert run.data.params["seed_everything"] == seed
         assert run.data.params["trainer.max_epochs"] == "1"
         assert run.data.tags["sweep.point"] == f"activation={act}" and run.data.tags["sweep.name"] == "tiny"
@@ -86,12 +86,12 @@ def test_sweep_logs_parent_and_children_skips_finished_points_and_compares(
     from sweeps.compare import compare
 
     # val/loss: continuous, so that seeds differ (accuracies of tiny runs on 100 samples often tie).
-    result = compare(client(), "mlp_classifier", "val/loss", by=["model.activation"], sweep="tiny")
-    assert result.by == ["model.init_args.activation"] and result.mode == "min"
+    result = compare(client(), "mlp_classifier", "val/loss", by=["model.net.activation"], sweep="tiny")
+    assert result.by == ["model.init_args.net.init_args.activation"] and result.mode == "min"
     for group in result.groups:
         (act,) = group.keys
         vals = np.array(
-            [r.data.metrics["val/loss"] for r in kids if r.data.params["model.init_args.activation"] == act]
+            [r.data.metrics["val/loss"] for r in kids if r.data.params["model.init_args.net.init_args.activation"] == act]
         )
         assert group.n == 2
         assert math.isclose(group.mean, vals.mean(), rel_tol=1e-12)
@@ -116,7 +116,7 @@ def test_sweep_logs_parent_and_children_skips_finished_points_and_compares(
                 "--metric",
                 "val/loss",
                 "--by",
-                "model.activation",
+                "model.net.activation",
                 "--out",
                 str(out_dir),
             ]
@@ -126,21 +126,21 @@ def test_sweep_logs_parent_and_children_skips_finished_points_and_compares(
     printed = capsys.readouterr().out
     for group in result.groups:
         assert f"{group.mean:.4g}" in printed and group.best_run in printed
-    png = out_dir / "val_loss_by_model.activation.png"
+    png = out_dir / "val_loss_by_model.net.activation.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.image
 
     assert matplotlib.image.imread(png).ndim == 3
-    with open(out_dir / "val_loss_by_model.activation.csv") as f:
+    with open(out_dir / "val_loss_by_model.net.activation.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["model.init_args.activation"], float(r["mean"])) for r in rows] == [
+    assert [(r["model.init_args.net.init_args.activation"], float(r["mean"])) for r in rows] == [
         (g.keys[0], g.mean) for g in result.groups
     ]
     logged = {a.path for a in client().list_artifacts(pid, "compare")}
-    assert {"compare/val_loss_by_model.activation.png", "compare/val_loss_by_model.activation.csv"} <= logged
+    assert {"compare/val_loss_by_model.net.activation.png", "compare/val_loss_by_model.net.activation.csv"} <= logged
 
     # --by seed as well: every run on its own.
-    per_run = compare(client(), "mlp_classifier", "val/loss", by=["model.activation", "seed"], sweep="tiny")
+    per_run = compare(client(), "mlp_classifier", "val/loss", by=["model.net.activation", "seed"], sweep="tiny")
     assert len(per_run.groups) == 4 and all(g.n == 1 and math.isnan(g.std) for g in per_run.groups)
 
     # A scatter of two quantities: Spearman's rho against ranks correlated by hand.
@@ -165,7 +165,7 @@ def test_sweep_logs_parent_and_children_skips_finished_points_and_compares(
         == 0
     )
     assert "Spearman rho(train/loss, val/loss)" in capsys.readouterr().out
-    assert (out_dir / "val_loss_vs_train_loss_by_model.activation.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out_dir / "val_loss_vs_train_loss_by_model.net.activation.png").read_bytes()[:4] == b"\x89PNG"
     scatter = compare(client(), "mlp_classifier", "val/loss", sweep="tiny", x="train/loss")
     xs = [r.data.metrics["train/loss"] for r in kids]
     ys = [r.data.metrics["val/loss"] for r in kids]
@@ -184,7 +184,7 @@ def test_compare_rejects_an_unknown_key_with_a_suggestion(
         cli_main(["compare", "--experiment", "mlp_classifier", "--metric", "val/acc", "--by", "activaton"])
         == 2
     )
-    assert "did you mean 'model.init_args.activation'" in capsys.readouterr().err
+    assert "did you mean 'model.net.activation'" in capsys.readouterr().err
     assert cli_main(["compare", "--experiment", "mlp_clasifier", "--metric", "val/acc"]) == 2
     assert "did you mean 'mlp_classifier'" in capsys.readouterr().err
     assert cli_main(["compare", "--experiment", "mlp_classifier", "--metric", "val/accc"]) == 2
@@ -192,7 +192,7 @@ def test_compare_rejects_an_unknown_key_with_a_suggestion(
 
 
 def test_killed_sweep_resumes_without_rerunning_the_finished_point(paperlab_tmp: Path) -> None:
-    sweep = write_sweep(paperlab_tmp, grid={"model.init_args.activation": ["relu", "tanh"]}, seeds=[0])
+    sweep = write_sweep(paperlab_tmp, grid={"model.net.activation": ["relu", "tanh"]}, seeds=[0])
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "CI": "1"}
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "main.py"), "sweep", "--config", str(sweep), "--in-process"],
@@ -243,15 +243,15 @@ def _check_failure_isolated(paperlab_tmp: Path) -> None:
     log = Path(
         client().download_artifacts(bad.info.run_id, "sweep/tiny-lr=-1.0-s0.log", str(paperlab_tmp / "dl"))
     )
-    assert "lr must be positive" in log.read_text()
+    assert "Invalid learning rate: -1.0" in log.read_text() and "Traceback" not in log.read_text()
     assert _parent("tiny").info.status == "FAILED"
 
 
 def test_a_failing_point_does_not_stop_the_others_and_sets_the_exit_code(
     paperlab_tmp: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    # lr = -1 passes the parser (a float) and fails in the model's __init__; the other point still runs.
-    sweep = write_sweep(paperlab_tmp, grid={"model.init_args.lr": [-1.0, 0.01]}, seeds=[0])
+    # lr = -1 passes the parser (a float) and fails when the model builds its optimizer; the other point runs.
+    sweep = write_sweep(paperlab_tmp, grid={"model.optimizer.lr": [-1.0, 0.01]}, seeds=[0])
     assert cli_main(["sweep", "--config", str(sweep), "--in-process"]) == 1
     out = capsys.readouterr().out
     assert "1 finished" in out and "1 failed" in out
@@ -262,7 +262,7 @@ def test_a_failing_point_does_not_stop_the_others_and_sets_the_exit_code(
 def test_workers_run_points_as_separate_processes_and_isolate_failures(
     paperlab_tmp: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    sweep = write_sweep(paperlab_tmp, grid={"model.init_args.lr": [0.01, -1.0]}, seeds=[0])
+    sweep = write_sweep(paperlab_tmp, grid={"model.optimizer.lr": [0.01, -1.0]}, seeds=[0])
     assert cli_main(["sweep", "--config", str(sweep), "--workers", "2"]) == 1
     out = capsys.readouterr().out
     assert "1 finished" in out and "1 failed" in out

@@ -14,12 +14,12 @@ from tests.sweeps.common import BASE, write_sweep
 
 
 def test_grid_times_points_times_seeds_matches_a_naive_loop() -> None:
-    grid = {"model.init_args.activation": ["relu", "gelu", "tanh"], "model.init_args.lr": [0.1, 0.01]}
+    grid = {"model.net.activation": ["relu", "gelu", "tanh"], "model.optimizer.lr": [0.1, 0.01]}
     points = [
-        {"model.init_args.hidden": [128]},
-        {"model.init_args.activation": "relu", "model.init_args.lr": 0.1},
+        {"model.net.hidden": [128]},
+        {"model.net.activation": "relu", "model.optimizer.lr": 0.1},
     ]
-    overrides = {"trainer.max_epochs": 3, "model.init_args.lr": 0.5}
+    overrides = {"trainer.max_epochs": 3, "model.optimizer.lr": 0.5}
     spec = parse_sweep(
         {
             "name": "s",
@@ -33,10 +33,10 @@ def test_grid_times_points_times_seeds_matches_a_naive_loop() -> None:
     got = expand(spec)
 
     expected = []
-    for act in grid["model.init_args.activation"]:
-        for lr in grid["model.init_args.lr"]:
-            expected.append({"model.init_args.activation": act, "model.init_args.lr": lr})
-    expected.append({"model.init_args.hidden": [128]})  # the second explicit point duplicates a grid point
+    for act in grid["model.net.activation"]:
+        for lr in grid["model.optimizer.lr"]:
+            expected.append({"model.net.activation": act, "model.optimizer.lr": lr})
+    expected.append({"model.net.hidden": [128]})  # the second explicit point duplicates a grid point
     assert len(got) == len(expected) * 2
     for i, values in enumerate(expected):
         for j, seed in enumerate([3, 7]):
@@ -75,7 +75,7 @@ def test_cli_values_read_back_as_the_same_value(value) -> None:
     ("data", "needle"),
     [
         ({"seed": [0]}, "did you mean 'seeds'"),
-        ({"grid": {"model.init_args.lr": 0.1}}, "non-empty list of alternatives"),
+        ({"grid": {"model.optimizer.lr": 0.1}}, "non-empty list of alternatives"),
         ({"seeds": [0, 0]}, "lists a seed twice"),
         ({"seeds": [True]}, "list of integers"),
         ({"grid": {"seed_everything": [0, 1]}}, "seeds:"),
@@ -92,15 +92,30 @@ def test_structural_errors_name_the_fix(data: dict, needle: str) -> None:
 
 
 def test_every_shipped_sweep_file_parses_and_names_real_keys() -> None:
-    from sweeps.spec import config_keys, print_config
+    from sweeps.spec import canonicalize, config_keys
 
     files = sorted(REPO.glob("configs/*/*sweep*.yaml"))
     assert any(p.name == "activation_sweep.yaml" for p in files)
     for path in files:
         spec = load_sweep(path)
-        keys = config_keys(print_config(spec.base))
+        keys = config_keys(canonicalize(spec))
         assert set(spec.override_keys()) <= keys, (path, set(spec.override_keys()) - keys)
         assert expand(spec)
+
+
+def test_sweep_keys_take_every_form_the_command_line_takes() -> None:
+    from sweeps.spec import canonicalize
+
+    forms = ["model.optimizer.lr", "model.init_args.optimizer.init_args.lr", "model.optimizer.init_args.lr"]
+    for form in forms:
+        spec = parse_sweep({"base": str(BASE), "grid": {form: [0.1, 0.2]}, "overrides": {"data.batch_size": 16}})
+        canonicalize(spec)
+        assert list(spec.grid) == ["model.init_args.optimizer.init_args.lr"]
+        assert list(spec.overrides) == ["data.init_args.batch_size"]
+        assert [p.label for p in expand(spec)] == ["lr=0.1", "lr=0.2"]
+    spec = parse_sweep({"base": str(BASE), "grid": {forms[0]: [0.1], forms[1]: [0.2]}})
+    with pytest.raises(SweepError, match="name the same key"):
+        canonicalize(spec)
 
 
 def test_unknown_override_key_is_rejected_before_any_run(
@@ -109,7 +124,7 @@ def test_unknown_override_key_is_rejected_before_any_run(
     sweep = write_sweep(paperlab_tmp, grid={"model.init_args.activaton": ["relu", "tanh"]}, seeds=[0])
     assert cli_main(["sweep", "--config", str(sweep)]) == 101
     err = capsys.readouterr().err
-    assert "'model.init_args.activaton'" in err and "did you mean 'model.init_args.activation'" in err
+    assert "'model.init_args.activaton'" in err and "did you mean 'model.net.activation'" in err
     assert "Traceback" not in err
     assert runs_of("mlp_classifier") == []
     assert not (paperlab_tmp / "checkpoints").exists()
@@ -127,7 +142,7 @@ def test_a_value_of_the_wrong_type_is_rejected_before_any_run(
 
 def test_dry_run_lists_the_points_and_runs_nothing(paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
     sweep = write_sweep(
-        paperlab_tmp, grid={"model.init_args.activation": ["relu", "tanh"]}, seeds=[0, 1], test=True
+        paperlab_tmp, grid={"model.net.activation": ["relu", "tanh"]}, seeds=[0, 1], test=True
     )
     assert cli_main(["sweep", "--config", str(sweep), "--dry-run"]) == 0
     out = capsys.readouterr().out

@@ -97,7 +97,7 @@ def test_fit_and_sweep_log_to_a_tracking_server(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     tiny = [a for k, v in TINY.items() for a in (f"--{k}", str(v).lower() if isinstance(v, bool) else str(v))]
     assert cli_main(["fit", "--config", str(BASE), *tiny, "--run.name", "single"]) == 0
-    sweep = write_sweep(paperlab_tmp, grid={"model.init_args.activation": ["relu", "tanh"]}, seeds=[0])
+    sweep = write_sweep(paperlab_tmp, grid={"model.net.activation": ["relu", "tanh"]}, seeds=[0])
     assert cli_main(["sweep", "--config", str(sweep), "--in-process"]) == 0
 
     client = mlflow.MlflowClient(uri)
@@ -110,12 +110,12 @@ def test_fit_and_sweep_log_to_a_tracking_server(
         child = runs[name]
         assert child.info.status == "FINISHED"
         assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
-        assert child.data.params["model.init_args.activation"] == act
+        assert child.data.params["model.init_args.net.init_args.activation"] == act
         assert child.data.tags["sweep.point"] == f"activation={act}"
         assert {"train/loss", "val/acc", "val/acc_best"} <= set(child.data.metrics)
         assert [a.path for a in client.list_artifacts(child.info.run_id, "config")] == ["config/config.yaml"]
     assert "val/acc" in runs["single"].data.metrics
-    assert runs["single"].data.params["model.init_args.activation"] == "relu"
+    assert runs["single"].data.params["model.init_args.net.init_args.activation"] == "relu"
     text = Path(
         client.download_artifacts(parent.info.run_id, "sweep/tiny.yaml", str(paperlab_tmp / "dl"))
     ).read_text()

@@ -1,0 +1,49 @@
+"""What diagnostics may ask of a module: capabilities as runtime-checkable protocols.
+
+A diagnostic names the protocols it needs (``Diagnostic.requires``); at ``setup`` it checks the module with
+``isinstance`` and, when a method is missing, fails with one line that names the method to implement. A
+diagnostic never imports a method: this file is the whole interface between them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor
+
+
+@runtime_checkable
+class SpikeTimes(Protocol):
+    """Spiking networks: ``[(t_pre (B, N_in), t_post (B, N_out)), ...]`` per layer on a batch, ``inf`` = no spike.
+
+    Layer ``l``'s inputs are layer ``l - 1``'s outputs, optionally followed by extra (bias) inputs.
+    """
+
+    def spike_times(self, batch: Any) -> list[tuple[Tensor, Tensor]]: ...
+
+
+@runtime_checkable
+class ActivationPatterns(Protocol):
+    """Piecewise-linear networks: one boolean activation pattern ``(B, width)`` per layer on a batch."""
+
+    def activation_patterns(self, batch: Any) -> list[Tensor]: ...
+
+
+@runtime_checkable
+class PerSampleLoss(Protocol):
+    """``(B,)`` losses, one per sample alone, whose mean is the training loss."""
+
+    def per_sample_loss(self, batch: Any) -> Tensor: ...
+
+
+@runtime_checkable
+class DiagnosticForward(Protocol):
+    """The module's forward pass on a whole batch (whatever its structure), for activation hooks."""
+
+    def diagnostic_forward(self, batch: Any) -> Any: ...
+
+
+def method_of(protocol: type) -> str:
+    """The method a protocol asks for, with its signature as written in the protocol."""
+    names = [n for n in vars(protocol) if not n.startswith("_")]
+    return f"{names[0]}(batch)" if names else protocol.__name__

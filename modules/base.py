@@ -1,0 +1,295 @@
+"""``PaperTask``: the LightningModule every method subclasses. A subclass writes its maths; this file does the rest.
+
+The contract (``docs/design.md`` explains it with an example):
+
+- class attributes ``paper_id``, ``monitor`` (the metric checkpoints and ``<monitor>_best`` follow) and
+  ``monitor_mode`` (``"min"`` or ``"max"``); a class that lacks one fails when it is defined;
+- ``__init__`` takes ``optimizer: OptimizerCallable`` and ``lr_scheduler: LRSchedulerCallable | None`` (the
+  LightningCLI way: ``class_path`` + ``init_args`` in the YAML) and hands them, with the metrics it wants,
+  to ``super().__init__``;
+- ``step(batch, stage)`` returns the loss, or a ``StepOutput`` with the loss and what the metrics need.
+  ``training_step``/``validation_step``/``test_step``/``predict_step`` live here and call it;
+- metrics are declared once (a dict or ``MetricCollection`` of torchmetrics objects); they are cloned per
+  stage, updated every step, and logged once per epoch as ``<stage>/<name>`` next to ``<stage>/loss``, the
+  sample-weighted mean of the step losses. torchmetrics accumulates and reduces across DDP ranks;
+- sizes that come from the data (``input_shape``, ``num_classes``, ...; ``datamodules.base.LINKED_SIZES``)
+  are ``__init__`` arguments of those names; the CLI links them from the DataModule, so no config types
+  them;
+- a method that needs several optimizers or manual optimisation overrides ``configure_optimizers``
+  (and sets ``self.automatic_optimization = False``) and keeps everything else.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, NamedTuple
+
+import torch
+from lightning import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+from torchmetrics import Metric, MetricCollection
+
+from errors import ConfigError
+
+Stage = Literal["train", "val", "test"]
+STAGES: tuple[Stage, ...] = ("train", "val", "test")
+REQUIRED_ATTRIBUTES = ("paper_id", "monitor", "monitor_mode")
+
+
+class StepOutput(NamedTuple):
+    """What ``PaperTask.step`` returns.
+
+    Args:
+        loss: the batch's loss (a scalar; training back-propagates it).
+        n: what the loss averages over (samples, tokens): the weight of this batch in ``<stage>/loss``
+            (default: the length of ``target``, else 1).
+        preds, target: the arguments of every declared metric's ``update`` (the common case).
+        inputs: per-metric arguments, ``{name: tensor or tuple of tensors}``; a name given here gets these
+            instead of ``(preds, target)``, and a name mapped to None is not updated at this step. A metric
+            never updated in an epoch is not logged for that stage.
+    """
+
+    loss: Tensor
+    n: int | None = None
+    preds: Tensor | None = None
+    target: Tensor | None = None
+    inputs: Mapping[str, Tensor | tuple[Tensor, ...]] | None = None
+
+
+class WeightedMean(Metric):
+    """The sample-weighted mean of per-batch values, summed across DDP ranks (``<stage>/loss``).
+
+    Lighter than ``torchmetrics.MeanMetric`` (no NaN checks, hence no host sync per update): a NaN loss is
+    the ``FiniteLossGuard``'s business, and it should show in the logged mean, not be dropped.
+    """
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("weight", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, value: Tensor, weight: float = 1.0) -> None:
+        self.total += value.detach().double() * weight
+        self.weight += weight
+
+    def compute(self) -> Tensor:
+        return (self.total / self.weight).float()
+
+
+def _plain(value: Any) -> Any:
+    """A value as checkpoints can store it: configs stay as they are, callables become their dotted name."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    target = value if callable(value) and hasattr(value, "__qualname__") else type(value)
+    return f"{target.__module__}.{target.__qualname__}"
+
+
+def default_optimizer(params: Any) -> torch.optim.Optimizer:
+    """Adam(W) at lr 1e-3 without weight decay: what a subclass gets when it does not choose."""
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
+
+
+class PaperTask(LightningModule):
+    """Base of every method (see the module docstring).
+
+    Args:
+        optimizer: builds the optimizer from the parameters (LightningCLI's ``OptimizerCallable``).
+        lr_scheduler: builds the learning-rate scheduler from the optimizer, or None for a constant rate.
+        metrics: ``{name: torchmetrics object}`` (or a ``MetricCollection``) cloned for every stage.
+    """
+
+    paper_id: ClassVar[str]
+    monitor: ClassVar[str]
+    monitor_mode: ClassVar[Literal["min", "max"]]
+    #: when a scheduler steps: once per "epoch" or once per optimiser "step"
+    scheduler_interval: ClassVar[Literal["epoch", "step"]] = "epoch"
+
+    def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
+        """``class Foo(PaperTask, abstract=True)`` marks an intermediate base that declares no paper."""
+        super().__init_subclass__(**kwargs)
+        if abstract:
+            return
+        missing = [a for a in REQUIRED_ATTRIBUTES if not hasattr(cls, a)]
+        if missing:
+            raise TypeError(
+                f"{cls.__qualname__} must declare the class attribute(s) {', '.join(missing)} "
+                "(paper_id = '000-01', monitor = 'val/acc', monitor_mode = 'max'), or be declared "
+                f"`class {cls.__qualname__}(..., abstract=True)`"
+            )
+        if cls.monitor_mode not in ("min", "max"):
+            raise TypeError(f"{cls.__qualname__}.monitor_mode must be 'min' or 'max', got {cls.monitor_mode!r}")
+        if not isinstance(cls.monitor, str) or "/" not in cls.monitor:
+            raise TypeError(f"{cls.__qualname__}.monitor must name a logged metric such as 'val/acc', got {cls.monitor!r}")
+
+    def __init__(
+        self,
+        optimizer: OptimizerCallable = default_optimizer,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        metrics: Mapping[str, Metric] | MetricCollection | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self._keep_own_hparams()
+        self._check_choices()
+        self.optimizer_factory = optimizer
+        self.lr_scheduler_factory = lr_scheduler
+        self._check_optimizer()
+        declared = dict(metrics.items()) if metrics is not None else {}
+        for name in declared:
+            if "/" in name or name == "loss":
+                raise ConfigError(f"metric name {name!r}: 'loss' is reserved and names may not contain '/'")
+        # "train" would shadow nn.Module.train, hence the suffix
+        self.stage_metrics = nn.ModuleDict(
+            {f"{s}_": nn.ModuleDict({k: m.clone() for k, m in declared.items()}) for s in STAGES}
+        )
+        self.stage_loss = nn.ModuleDict({f"{s}_": WeightedMean() for s in STAGES})
+
+    def _keep_own_hparams(self) -> None:
+        """Keep only this class's own arguments, in a form a checkpoint can store.
+
+        Lightning's CLI records every applied link as a hyperparameter, also one into an argument this
+        class does not have (jsonargparse rightly ignores those): a checkpoint holding it could not rebuild
+        the class.
+        """
+        params = inspect.signature(type(self).__init__).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return
+        for key in list(self.hparams):
+            if key not in params and not key.startswith("_"):
+                del self.hparams[key]
+            else:
+                self.hparams[key] = _plain(self.hparams[key])
+
+    def _check_optimizer(self) -> None:
+        """Build the optimizer and scheduler once on a dummy parameter, so that a bad learning rate fails
+        when the model is built, before a run is opened, in one line."""
+        probe = nn.Parameter(torch.zeros(1, 1))
+        try:
+            optimizer = self.optimizer_factory([probe])
+            if self.lr_scheduler_factory is not None:
+                self.lr_scheduler_factory(optimizer)
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"the optimizer or scheduler refuses its arguments: {err} (model.init_args.optimizer, "
+                              "model.init_args.lr_scheduler)") from None
+
+    def _check_choices(self) -> None:
+        """A ``Literal`` argument outside its choices fails here, also when the class is built in Python
+        (the CLI checks the same before anything is built)."""
+        try:
+            hints = typing.get_type_hints(type(self).__init__)
+        except Exception:  # noqa: BLE001 - an unresolvable annotation only skips this convenience check
+            return
+        for name, hint in hints.items():
+            choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
+            if choices and name in self.hparams and self.hparams[name] not in choices:
+                raise ConfigError(f"{name} must be one of {list(choices)}, got {self.hparams[name]!r}")
+
+    # --- what a subclass writes ---------------------------------------------------------------------------
+    def step(self, batch: Any, stage: Stage) -> Tensor | StepOutput:
+        """The method's maths on one batch: the loss, or a ``StepOutput``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement step(batch, stage)")
+
+    def predict_batch(self, batch: Any) -> Any:
+        """What ``predict`` returns for a batch (default: ``forward`` on the batch's inputs)."""
+        return self(batch[0] if isinstance(batch, list | tuple) else batch)
+
+    # --- Lightning's steps ----------------------------------------------------------------------------------
+    def _run_step(self, batch: Any, stage: Stage) -> StepOutput:
+        out = self.step(batch, stage)
+        if not isinstance(out, StepOutput):
+            out = StepOutput(out)
+        n = out.n if out.n is not None else (len(out.target) if out.target is not None else 1)
+        self.stage_loss[f"{stage}_"].update(out.loss, n)
+        inputs = out.inputs or {}
+        for name, metric in self.stage_metrics[f"{stage}_"].items():
+            if name in inputs:
+                args = inputs[name]
+                if args is not None:
+                    metric.update(*(args if isinstance(args, tuple) else (args,)))
+            elif out.preds is not None:
+                metric.update(out.preds, out.target)
+        return out
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        return self._run_step(batch, "train").loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._run_step(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._run_step(batch, "test")
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return self.predict_batch(batch)
+
+    # --- once per epoch -------------------------------------------------------------------------------------
+    def epoch_metrics(self, stage: Stage) -> dict[str, Tensor]:
+        """Compute and reset the stage's loss and metrics: ``{"<stage>/loss": ..., "<stage>/<name>": ...}``.
+
+        Metrics that were not updated this epoch are left out (and reset).
+        """
+        out: dict[str, Tensor] = {}
+        loss = self.stage_loss[f"{stage}_"]
+        if loss.update_count:
+            out[f"{stage}/loss"] = loss.compute()
+        loss.reset()
+        for name, metric in self.stage_metrics[f"{stage}_"].items():
+            if metric.update_count:
+                value = metric.compute()
+                if isinstance(value, Mapping):
+                    out.update({f"{stage}/{name}_{k}": v for k, v in value.items()})
+                else:
+                    out[f"{stage}/{name}"] = value
+            metric.reset()
+        return out
+
+    def log_epoch(self, stage: Stage) -> dict[str, Tensor]:
+        """Log ``epoch_metrics(stage)`` plus ``extra_epoch_metrics``; return what was logged."""
+        values = self.epoch_metrics(stage)
+        values.update(self.extra_epoch_metrics(stage, values))
+        if values:
+            # The values are already reduced over ranks (torchmetrics); sync_dist only keeps Lightning from
+            # warning under DDP, at the cost of one tiny all-reduce per value per epoch.
+            self.log_dict(values, on_step=False, on_epoch=True, sync_dist=True)
+        return values
+
+    def extra_epoch_metrics(self, stage: Stage, values: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Override to derive more epoch values from the logged ones (e.g. bits per character)."""
+        return {}
+
+    def on_train_epoch_end(self) -> None:
+        self.log_epoch("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_epoch("val")
+
+    def on_test_epoch_end(self) -> None:
+        self.log_epoch("test")
+
+    # --- optimisation ---------------------------------------------------------------------------------------
+    def optimizer_parameters(self) -> Any:
+        """The parameters the optimizer gets: the strategy's wrapped model's when there is one (FSDP)."""
+        try:
+            model = self.trainer.model
+        except RuntimeError:  # not attached to a Trainer
+            model = None
+        return (model or self).parameters()
+
+    def configure_optimizers(self) -> Any:
+        optimizer = self.optimizer_factory(self.optimizer_parameters())
+        if self.lr_scheduler_factory is None:
+            return optimizer
+        scheduler = self.lr_scheduler_factory(optimizer)
+        config: dict[str, Any] = {"scheduler": scheduler, "interval": self.scheduler_interval}
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            config["monitor"] = self.monitor
+        return {"optimizer": optimizer, "lr_scheduler": config}

@@ -1,0 +1,109 @@
+"""PaperTask, the contract every method subclasses: declared attributes, per-stage metrics against direct
+sums, optimizer and scheduler from arguments, hparams a checkpoint can rebuild, Literal choices."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from errors import ConfigError
+from modules.base import PaperTask, StepOutput, WeightedMean
+from modules.components.metrics import Accuracy
+
+
+class _Linear(PaperTask):
+    paper_id = "test"
+    monitor = "val/acc"
+    monitor_mode = "max"
+
+    def __init__(self, kind: Literal["a", "b"] = "a", optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                 lr_scheduler=None, num_classes: int = 3) -> None:
+        super().__init__(optimizer, lr_scheduler, metrics={"acc": Accuracy(), "conf": WeightedMean()})
+        self.net = nn.Linear(4, num_classes)
+
+    def step(self, batch, stage):
+        x, y = batch
+        logits = self.net(x)
+        conf = logits.softmax(-1).amax(-1).mean()
+        return StepOutput(F.cross_entropy(logits, y), preds=logits.argmax(-1), target=y,
+                          inputs={"conf": (conf, len(y)) if stage == "val" else None})
+
+
+def test_missing_class_attributes_fail_at_definition():
+    with pytest.raises(TypeError, match="monitor_mode"):
+        class _NoMode(PaperTask):  # noqa: F841 - defining it is the test
+            paper_id = "x"
+            monitor = "val/acc"
+    with pytest.raises(TypeError, match="monitor_mode must be"):
+        class _BadMode(PaperTask):  # noqa: F841
+            paper_id, monitor, monitor_mode = "x", "val/acc", "maximum"
+
+    class _Abstract(PaperTask, abstract=True):  # an intermediate base declares nothing
+        pass
+
+    with pytest.raises(TypeError, match="paper_id"):
+        class _Concrete(_Abstract):  # noqa: F841
+            monitor, monitor_mode = "val/acc", "max"
+
+
+def test_epoch_metrics_are_sample_weighted_per_stage_and_reset():
+    torch.manual_seed(0)
+    model = _Linear()
+    batches = [(torch.randn(n, 4), torch.randint(0, 3, (n,))) for n in (5, 17, 2)]  # unequal sizes
+    for b in batches:
+        model._run_step(b, "val")
+    model._run_step(batches[0], "train")
+    out = model.epoch_metrics("val")
+    with torch.no_grad():
+        losses = [F.cross_entropy(model.net(x), y) * len(y) for x, y in batches]
+        correct = sum((model.net(x).argmax(-1) == y).sum() for x, y in batches)
+        conf = sum(model.net(x).softmax(-1).amax(-1).mean() * len(y) for x, y in batches)
+    n = sum(len(y) for _, y in batches)
+    assert out["val/loss"].item() == pytest.approx((sum(losses) / n).item(), rel=1e-6)
+    assert out["val/acc"].item() == pytest.approx(correct.item() / n, rel=1e-6)
+    assert out["val/conf"].item() == pytest.approx((conf / n).item(), rel=1e-6)
+    assert model.epoch_metrics("val") == {}  # reset: nothing left for the next epoch
+    train = model.epoch_metrics("train")
+    assert set(train) == {"train/loss", "train/acc"}  # conf was never updated in training: not logged
+
+
+def test_optimizer_and_scheduler_come_from_the_arguments():
+    model = _Linear(optimizer=lambda p: torch.optim.Adam(p, lr=0.02),
+                    lr_scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.5))
+    config = model.configure_optimizers()
+    assert isinstance(config["optimizer"], torch.optim.Adam) and config["optimizer"].defaults["lr"] == 0.02
+    assert config["lr_scheduler"]["interval"] == "epoch"
+    plateau = _Linear(lr_scheduler=lambda o: torch.optim.lr_scheduler.ReduceLROnPlateau(o))
+    assert plateau.configure_optimizers()["lr_scheduler"]["monitor"] == "val/acc"
+    assert isinstance(_Linear().configure_optimizers(), torch.optim.SGD)
+
+
+def test_trains_through_lightning_and_logs_once_per_epoch():
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    model = _Linear()
+    trainer = L.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(model, loader, loader)
+    assert {"train/loss", "train/acc", "val/loss", "val/acc", "val/conf"} <= set(trainer.callback_metrics)
+    with torch.no_grad():
+        acc = (model.net(x).argmax(-1) == y).float().mean()
+    assert trainer.callback_metrics["val/acc"].item() == pytest.approx(acc.item())
+
+
+def test_hparams_keep_only_own_arguments_in_storable_form():
+    model = _Linear(kind="b")
+    assert set(model.hparams) == {"kind", "optimizer", "lr_scheduler", "num_classes"}
+    assert isinstance(model.hparams["optimizer"], str)  # a lambda cannot be pickled into a checkpoint
+    torch.save(dict(model.hparams), "/dev/null")
+
+
+def test_literal_arguments_are_checked():
+    with pytest.raises(ConfigError, match=r"kind must be one of \['a', 'b'\], got 'c'"):
+        _Linear(kind="c")
