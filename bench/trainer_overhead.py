@@ -1,28 +1,38 @@
-"""Throughput of paperlab's full default stack against a plain PyTorch loop, same MLP, same Yin-Yang data.
+"""What paperlab's stack costs on top of PyTorch and on top of Lightning, per case, in one process.
 
-(a) plain loop: AdamW on the MLP, a fresh permutation per epoch, batches by tensor indexing, one
-    no-grad validation pass per epoch;
-(b) paperlab: ``main.PaperlabCLI`` on configs/mlp_classifier/yinyang.yaml with everything on (MLflow
-    logger on a sqlite file, config artifact and params, checkpoints, best-metric, NaN guard), progress
-    bar off. Timed from ``on_train_start`` to ``on_train_end``, so start-up (imports, MLflow schema
-    creation, sanity check) is excluded from both.
+For each case three contenders train the same network on the same data:
+  plain     a PyTorch loop: AdamW, batches by tensor indexing, one no-grad validation pass per epoch;
+  bare      Lightning with nothing of paperlab's: a minimal LightningModule, no logger, no checkpoints,
+            no callbacks, no metrics;
+  paperlab  ``main.PaperlabCLI`` on the case's config with every default on (MLflow logger on a sqlite file,
+            config artifact and params, checkpoints, ``<monitor>_best``, NaN guard, per-stage metrics),
+            progress bar and model summary off, and the config's diagnostics off (they have their own
+            benchmarks).
+Each is timed from the start of the first training batch to the end of training (start-up excluded), and
+throughput is training samples per second. Contenders are interleaved over ``--repeats`` rounds and the
+medians of the per-round ratios are printed, one line per case:
 
-The machine is shared and noisy: (a) and (b) are interleaved for ``--repeats`` rounds and the median
-ratio (b)/(a) of samples per second is reported, per batch size.
+    <case>: paperlab/plain <r> paperlab/bare <r>
 
-    python bench/trainer_overhead.py --repeats 5 --epochs 3
+followed by the per-epoch cost: the median time from the end of an epoch's last training batch to the start
+of the next epoch's first one (validation, checkpoint, logging), for bare Lightning and for paperlab.
+
+    python bench/trainer_overhead.py --repeats 5
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
@@ -30,138 +40,187 @@ from lightning.pytorch.callbacks import Callback
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from datamodules.text import CharTextDataModule  # noqa: E402
 from datamodules.yinyang import YinYangDataModule  # noqa: E402
 from main import PaperlabCLI  # noqa: E402
 from modules.components.mlp import MLP  # noqa: E402
+from modules.components.tiny_gpt import TinyGPT  # noqa: E402
 
-CONFIG = REPO / "configs/mlp_classifier/yinyang.yaml"
+
+@dataclass
+class Case:
+    name: str
+    config: str
+    batch: int
+    epochs: int
+    steps_per_epoch: int | None  # None: the whole training split
+    val_batches: int | None
 
 
-class TrainTimer(Callback):
-    def on_train_start(self, trainer, pl_module) -> None:  # noqa: ANN001
-        self.start = time.perf_counter()
+CASES = {
+    "mlp-b32": Case("mlp-b32", "configs/mlp_classifier/yinyang.yaml", 32, 3, None, None),
+    "mlp-b150": Case("mlp-b150", "configs/mlp_classifier/yinyang.yaml", 150, 3, None, None),
+    "gpt": Case("gpt", "configs/weight_drift/tiny_gpt_text.yaml", 64, 2, 30, 2),
+}
+
+
+class Timer(Callback):
+    """Training time from the first batch to the end, and the gaps between epochs."""
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.last_end = 0.0
+        self.gaps: list[float] = []
+        self.pending_gap = False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
+        now = time.perf_counter()
+        if self.start is None:
+            self.start = now
+        elif self.pending_gap:
+            self.gaps.append(now - self.last_end)
+        self.pending_gap = False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
+        self.last_end = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:  # noqa: ANN001
+        self.pending_gap = True
 
     def on_train_end(self, trainer, pl_module) -> None:  # noqa: ANN001
-        self.seconds = time.perf_counter() - self.start
+        self.end = time.perf_counter()
+        if self.pending_gap:
+            self.gaps.append(self.end - self.last_end)
 
 
-def plain_loop(data: dict, batch_size: int, epochs: int, seed: int) -> float:
+def _data(case: Case) -> tuple[dict, int]:
+    if case.name.startswith("gpt"):
+        dm = CharTextDataModule(block_size=64, batch_size=case.batch)
+    else:
+        dm = YinYangDataModule(batch_size=case.batch)
+    dm.setup()
+    return dm.splits, dm
+
+
+def _net(case: Case) -> torch.nn.Module:
+    if case.name.startswith("gpt"):
+        return TinyGPT(64, 128, n_layer=3, n_head=3, n_embd=48, activation="relu")
+    return MLP(4, 3, hidden=[64, 64])
+
+
+def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def _samples(case: Case, n_train: int) -> int:
+    per_epoch = case.steps_per_epoch * case.batch if case.steps_per_epoch else n_train
+    return case.epochs * per_epoch
+
+
+def plain_loop(case: Case, splits: dict, seed: int) -> float:
     torch.manual_seed(seed)
-    x, y = data["train"]
-    xv, yv = data["val"]
-    net = MLP(4, [64, 64], 3)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    x, y = splits["train"]
+    xv, yv = splits["val"]
+    net = _net(case)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     start = time.perf_counter()
-    for epoch in range(epochs):
+    for epoch in range(case.epochs):
         net.train()
-        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch))
-        for idx in order.split(batch_size):
-            loss = F.cross_entropy(net(x[idx]), y[idx])
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch)).split(case.batch)
+        for idx in order[: case.steps_per_epoch]:
+            loss = _loss(net(x[idx]), y[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
         net.eval()
         with torch.no_grad():
-            correct = sum((net(xb).argmax(-1) == yb).sum() for xb, yb in zip(xv.split(batch_size), yv.split(batch_size)))
-        _ = float(correct) / len(xv)
-    return epochs * len(x) / (time.perf_counter() - start)
+            batches = list(zip(xv.split(case.batch), yv.split(case.batch)))[: case.val_batches]
+            _ = sum(float((net(xb).argmax(-1) == yb).float().mean()) for xb, yb in batches)
+    return _samples(case, len(x)) / (time.perf_counter() - start)
 
 
-class _BareMLP(__import__("lightning").LightningModule):
-    """The same MLP in the lightest Lightning form: no self.log, no metrics, no callbacks, no logger."""
-
-    def __init__(self) -> None:
+class _Bare(L.LightningModule):
+    def __init__(self, net: torch.nn.Module) -> None:
         super().__init__()
-        self.net = MLP(4, [64, 64], 3)
+        self.net = net
 
     def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
         x, y = batch
-        return F.cross_entropy(self.net(x), y)
+        return _loss(self.net(x), y)
 
     def validation_step(self, batch, batch_idx) -> None:  # noqa: ANN001
         x, y = batch
-        (self.net(x).argmax(-1) == y).sum()
+        (self.net(x).argmax(-1) == y).float().mean()
 
     def configure_optimizers(self):  # noqa: ANN201
-        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
-def bare_lightning(dm: YinYangDataModule, batch_size: int, epochs: int) -> float:
-    import lightning as L
+def _limits(case: Case) -> dict:
+    out: dict = {}
+    if case.steps_per_epoch:
+        out["limit_train_batches"] = case.steps_per_epoch
+    if case.val_batches:
+        out["limit_val_batches"] = case.val_batches
+    return out
 
-    dm.batch_size = dm.eval_batch_size = batch_size
-    trainer = L.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0)
-    timer = TrainTimer()
+
+def bare_lightning(case: Case, dm: L.LightningDataModule, n_train: int) -> tuple[float, list[float]]:
+    trainer = L.Trainer(max_epochs=case.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, **_limits(case))
+    timer = Timer()
     trainer.callbacks.append(timer)
-    trainer.fit(_BareMLP(), dm)
-    return epochs * 5000 / timer.seconds
+    trainer.fit(_Bare(_net(case)), dm)
+    return _samples(case, n_train) / (timer.end - timer.start), timer.gaps
 
 
-ABLATIONS = {
-    "no MLflow logger": ["--trainer.logger", "false"],
-    "no checkpointing": ["--trainer.enable_checkpointing", "false"],
-    "no logger, no checkpointing": ["--trainer.logger", "false", "--trainer.enable_checkpointing", "false"],
-}
-
-
-def paperlab_stack(batch_size: int, epochs: int, workdir: Path, run: int, extra: list[str] | None = None) -> float:
+def paperlab_stack(case: Case, workdir: Path, run: int, n_train: int) -> tuple[float, list[float]]:
     os.chdir(workdir)
+    limits = [a for k, v in _limits(case).items() for a in (f"--trainer.{k}", str(v))]
     cli = PaperlabCLI(
-        args=["--config", str(CONFIG), "--trainer.max_epochs", str(epochs), "--data.init_args.batch_size",
-              str(batch_size), "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-              "--run.name", f"bench-b{batch_size}-{run}", *(extra or [])],
+        args=["--config", str(REPO / case.config), "--trainer.max_epochs", str(case.epochs), "--trainer.max_steps",
+              "-1", "--trainer.val_check_interval", "1.0", "--trainer.check_val_every_n_epoch", "1",
+              "--data.init_args.batch_size", str(case.batch), "--trainer.enable_progress_bar", "false",
+              "--trainer.enable_model_summary", "false", "--trainer.num_sanity_val_steps", "0",
+              "--run.name", f"bench-{case.name}-{run}", "--trainer.callbacks", "[]", *limits],
         run=False,
     )
-    timer = TrainTimer()
+    timer = Timer()
     cli.trainer.callbacks.append(timer)
     cli.trainer.fit(cli.model, cli.datamodule)
-    return epochs * 5000 / timer.seconds
+    return _samples(case, n_train) / (timer.end - timer.start), timer.gaps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 150])
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--ablate", action="store_true",
-                        help="also time the paperlab stack without the MLflow logger and/or checkpointing")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    dm = YinYangDataModule()
-    dm.setup()
     workdir = Path(tempfile.mkdtemp(prefix="paperlab-bench-"))
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
     os.environ.setdefault("CI", "1")
-    import lightning.pytorch as pl
-
-    pl_logger = __import__("logging").getLogger("lightning.pytorch")
-    pl_logger.setLevel("ERROR")
-    _ = pl
-    print(f"torch threads: {torch.get_num_threads()}, epochs per run: {args.epochs}, repeats: {args.repeats}")
-    for batch in args.batch_sizes:
-        plain, bare, stack, ratios, bare_ratios = [], [], [], [], []
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel("ERROR")
+    print(f"torch threads: {torch.get_num_threads()}, repeats: {args.repeats}")
+    for name in args.cases:
+        case = CASES[name]
+        splits, dm = _data(case)
+        n_train = len(splits["train"][0])
+        vs_plain, vs_bare, gaps_bare, gaps_ours = [], [], [], []
         for r in range(args.repeats):
-            a = plain_loop(dm.splits, batch, args.epochs, seed=r)
-            b = paperlab_stack(batch, args.epochs, workdir, r)
-            c = bare_lightning(dm, batch, args.epochs)
-            plain.append(a)
-            stack.append(b)
-            bare.append(c)
-            ratios.append(b / a)
-            bare_ratios.append(c / a)
-        print(
-            f"batch {batch:4d}: plain {statistics.median(plain):7.0f} samples/s | paperlab "
-            f"{statistics.median(stack):7.0f} samples/s, ratio (b)/(a) median {statistics.median(ratios):.3f} "
-            f"(min {min(ratios):.3f}, max {max(ratios):.3f}) | bare Lightning {statistics.median(bare):7.0f} "
-            f"samples/s, ratio {statistics.median(bare_ratios):.3f}"
-        )
-        if args.ablate:
-            for name, extra in ABLATIONS.items():
-                rs = [paperlab_stack(batch, args.epochs, workdir, 100 + r, extra) / plain_loop(dm.splits, batch, args.epochs, r)
-                      for r in range(args.repeats)]
-                print(f"            paperlab, {name}: ratio median {statistics.median(rs):.3f}")
+            plain = plain_loop(case, splits, seed=r)
+            ours, g_ours = paperlab_stack(case, workdir, r, n_train)
+            bare, g_bare = bare_lightning(case, dm, n_train)
+            vs_plain.append(ours / plain)
+            vs_bare.append(ours / bare)
+            gaps_ours += g_ours
+            gaps_bare += g_bare
+        print(f"{name}: paperlab/plain {statistics.median(vs_plain):.2f} paperlab/bare {statistics.median(vs_bare):.2f}"
+              f"  (ranges {min(vs_plain):.2f}-{max(vs_plain):.2f}, {min(vs_bare):.2f}-{max(vs_bare):.2f})")
+        print(f"{name}: per-epoch cost bare {1e3 * statistics.median(gaps_bare):.1f} ms, paperlab "
+              f"{1e3 * statistics.median(gaps_ours):.1f} ms")
 
 
 if __name__ == "__main__":
