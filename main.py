@@ -18,11 +18,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, Checkpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from callbacks.best_metric import BestMetric
+from callbacks.checkpoints import BestCheckpoint, LastCheckpoint
 from callbacks.config_artifact import ConfigArtifact, method_name
 from callbacks.diagnostic import Diagnostic
 from callbacks.guards import FiniteLossGuard, InterruptCheckpoint
@@ -81,6 +82,8 @@ class PaperlabCLI(LightningCLI):
                             help="MLflow experiment (default: the method, i.e. the module's file name)")
         parser.add_argument("--run.checkpoint_root", type=str, default="checkpoints",
                             help="checkpoints go to <checkpoint_root>/<experiment>/<run name>/")
+        parser.add_argument("--run.checkpoint_interval_s", type=float, default=1.0,
+                            help="last.ckpt is written at an epoch end at most this often (and when training ends)")
         parser.add_argument("--run.parent_run_id", type=str | None, default=None,
                             help="make this run a child of that MLflow run (sweeps)")
         parser.add_argument("--run.tags", type=dict[str, str], default={}, help="extra MLflow tags")
@@ -167,12 +170,10 @@ class PaperlabCLI(LightningCLI):
         if not any(isinstance(c, FiniteLossGuard) for c in user):
             out.append(FiniteLossGuard())
         if config.get("enable_checkpointing", True) is not False and not any(
-            isinstance(c, ModelCheckpoint) for c in user
+            isinstance(c, Checkpoint) for c in user
         ):
-            out.append(ModelCheckpoint(
-                dirpath=ckpt_dir, filename="best-epoch{epoch:03d}", auto_insert_metric_name=False,
-                monitor=monitor, mode=mode, save_top_k=1, save_last=True,
-            ))
+            out += [BestCheckpoint(ckpt_dir, monitor=monitor, mode=mode),
+                    LastCheckpoint(ckpt_dir, min_interval_s=self._get(self.config, "run").checkpoint_interval_s)]
         if monitor and not any(isinstance(c, BestMetric) for c in user):
             out.append(BestMetric(monitor=monitor, mode=mode))
         if self._get(self.config, "run").system_metrics:

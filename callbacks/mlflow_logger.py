@@ -198,9 +198,10 @@ class PaperlabMLFlowLogger(MLFlowLogger):
             self.experiment.log_batch(run_id=self.run_id, metrics=pending[i : i + 1000])
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
-        # Metrics up to a checkpoint are on disk whenever the checkpoint is: a resume never leaves a gap.
+        # Metrics up to a resumable checkpoint are on disk whenever the checkpoint is: a resume never leaves
+        # a gap. A weights-only save (the best epoch) resumes nothing and does not pay for a flush.
         super().after_save_checkpoint(checkpoint_callback)
-        if self._initialized:
+        if self._initialized and not getattr(checkpoint_callback, "save_weights_only", False):
             self.flush()
 
     @rank_zero_only

@@ -61,8 +61,8 @@ def resolve_checkpoint(ckpt_path: str | None, directory: Path) -> str | None:
         if ckpt_path == "last":
             return str(last)
         state = torch.load(last, map_location="cpu", weights_only=False).get("callbacks", {})
-        for key, value in state.items():
-            if key.startswith("ModelCheckpoint") and value.get("best_model_path"):
+        for value in state.values():
+            if isinstance(value, dict) and value.get("best_model_path"):
                 best = Path(value["best_model_path"])
                 if best.is_file():
                     return str(best)
