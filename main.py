@@ -91,7 +91,8 @@ class PaperlabCLI(LightningCLI):
                             help="log CPU/memory/GPU usage to MLflow while fitting")
         parser.add_argument("--run.num_threads", type=int | None, default=None,
                             help="torch intra-op CPU threads (1 is fastest for tiny models; default: torch's)")
-        parser.add_argument("--diagnostics", type=list[Diagnostic] | None, default=None,
+        # typed as callbacks: with list[Diagnostic], jsonargparse 4.53 drops a subclass's dataclass defaults
+        parser.add_argument("--diagnostics", type=list[Callback] | None, default=None,
                             help="diagnostics added to the trainer's callbacks (configs/diagnostics/*.yaml); one "
                             "whose class the experiment already has is left out")
         for size in LINKED_SIZES:
@@ -143,6 +144,10 @@ class PaperlabCLI(LightningCLI):
     def _diagnostics(self, user: list[Callback]) -> list[Callback]:
         """The ``--diagnostics`` preset, minus the classes the experiment already configures itself."""
         extra = list(self._get(self.config_init, "diagnostics") or [])
+        for d in extra:
+            if not isinstance(d, Diagnostic):
+                raise ConfigError(f"--diagnostics takes diagnostics (callbacks.diagnostic.Diagnostic), got "
+                                  f"{type(d).__name__}: put other callbacks in trainer.callbacks")
         have = {type(c) for c in user}
         kept = [d for d in extra if type(d) not in have]
         dropped = sorted({type(d).__name__ for d in extra if type(d) in have})
