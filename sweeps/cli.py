@@ -105,7 +105,9 @@ def compare_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sweep", default=None, help="a sweep's name or parent run id (default: every run of the experiment)"
     )
-    p.add_argument("--metric", required=True, help="the metric compared, e.g. test/acc")
+    p.add_argument("--metric", required=True,
+                   help="the metric compared, e.g. test/acc; a glob such as 'diag/weight_drift/*/drift' compares "
+                   "every matching metric (a row per metric and group)")
     p.add_argument(
         "--by",
         action="append",
@@ -119,6 +121,17 @@ def compare_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mode", choices=("max", "min"), default=None, help="which is best (default: min for losses/errors)"
     )
+    p.add_argument("--agg", choices=("last", "mean", "min", "max"), default="last",
+                   help="each run's value: its last logged value (default), or the mean/min/max of its history")
+    p.add_argument("--steps", default=None, metavar="A:B",
+                   help="with --agg: only the history at steps A..B (either side may be empty, e.g. 500:)")
+    p.add_argument("--baseline", default=None, metavar="KEY=VALUE",
+                   help="add each group's ratio to the group KEY=VALUE (a --by key), paired by seed")
+    p.add_argument("--per-group", action="store_true",
+                   help="with --x: correlate the group means (seeds averaged), not the runs")
+    p.add_argument("--leave-one-out", default=None, metavar="KEY",
+                   help="with --x: Spearman's rho without each value of KEY (a --by key), and within it")
+    p.add_argument("--pool-datasets", action="store_true", help="compare runs on different datasets together")
     p.add_argument("--out", default=None, help="output folder (default compare/<experiment>[/<sweep>])")
     p.add_argument(
         "--no-log", action="store_true", help="do not log the figure and CSVs to the sweep's parent run"
@@ -322,7 +335,9 @@ def compare_main(argv: list[str]) -> int:
     check_tracking_server(uri)
     client = client_for(uri)
     result = compare(
-        client, args.experiment, args.metric, by=args.by, sweep=args.sweep, x=args.x, mode=args.mode
+        client, args.experiment, args.metric, by=args.by, sweep=args.sweep, x=args.x, mode=args.mode,
+        agg=args.agg, steps=args.steps, baseline=args.baseline, x_per_group=args.per_group,
+        leave_one_out=args.leave_one_out, pool_datasets=args.pool_datasets,
     )
     print(table(result))
     out = Path(args.out) if args.out else Path("compare") / slug(args.experiment) / slug(args.sweep or "all")
