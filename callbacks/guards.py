@@ -80,4 +80,4 @@ class InterruptCheckpoint(Callback):
         if not isinstance(exception, KeyboardInterrupt):
             return
         if self.dirpath and trainer.state.fn == "fit":
-            trainer.save_checkpoint(str(Path(self.dirpath) / "interrupted.ckpt"))
+            trainer.save_checkpoint(str(Path(self.dirpath) / "interrupted.ckpt"), weights_only=False)

@@ -94,6 +94,13 @@ def _merge(parts: list[Any]) -> Tensor:
     return torch.tensor(parts, dtype=torch.float64)
 
 
+def _detach(value: Any) -> Any:
+    """A metric state (a tensor or a list of tensors) detached and cloned for a checkpoint."""
+    if isinstance(value, list):
+        return [v.detach().clone() for v in value]
+    return value.detach().clone()
+
+
 def _plain(value: Any) -> Any:
     """A value as checkpoints can store it: configs stay as they are, callables become their dotted name."""
     if isinstance(value, Mapping):
@@ -171,6 +178,7 @@ class PaperTask(LightningModule):
         self._metric_names = list(declared)
         self._pending: dict[str, dict[str, list[tuple[Any, ...]]]] = {s: {} for s in STAGES}
         self._pending_steps = dict.fromkeys(STAGES, 0)
+        self._updated: dict[str, set[str]] = {s: set() for s in STAGES}  # "" is the loss
 
     def _keep_own_hparams(self) -> None:
         """Keep only this class's own arguments, in a form a checkpoint can store.
@@ -251,6 +259,7 @@ class PaperTask(LightningModule):
         concatenated inputs, or one per step where they do not concatenate (shapes that vary)."""
         pending, self._pending[stage] = self._pending[stage], {}
         self._pending_steps[stage] = 0
+        self._updated[stage] |= set(pending)
         for name, calls in pending.items():
             metric = self.stage_loss[f"{stage}_"] if name == "" else self.stage_metrics[f"{stage}_"][name]
             try:
@@ -280,13 +289,14 @@ class PaperTask(LightningModule):
         Metrics that were not updated this epoch are left out (and reset).
         """
         self.flush_metrics(stage)
+        updated, self._updated[stage] = self._updated[stage], set()
         out: dict[str, Tensor] = {}
         loss = self.stage_loss[f"{stage}_"]
-        if loss.update_count:
+        if "" in updated:
             out[f"{stage}/loss"] = loss.compute()
         loss.reset()
         for name, metric in self.stage_metrics[f"{stage}_"].items():
-            if metric.update_count:
+            if name in updated:
                 value = metric.compute()
                 if isinstance(value, Mapping):
                     out.update({f"{stage}/{name}_{k}": v for k, v in value.items()})
@@ -299,10 +309,16 @@ class PaperTask(LightningModule):
         """Log ``epoch_metrics(stage)`` plus ``extra_epoch_metrics``; return what was logged."""
         values = self.epoch_metrics(stage)
         values.update(self.extra_epoch_metrics(stage, values))
-        if values:
-            # The values are already reduced over ranks (torchmetrics); sync_dist only keeps Lightning from
-            # warning under DDP, at the cost of one tiny all-reduce per value per epoch.
-            # batch_size: one aggregate per epoch; given, Lightning does not search the batch for a size
+        if not values:
+            return values
+        # batch_size: one aggregate per epoch; given, Lightning does not search the batch for a size
+        if stage == "train":
+            # Sent to the loggers at once (an epoch-level value would reach them only after the epoch-end
+            # checkpoint, and be lost to an interrupt right after it). Reduced over ranks by torchmetrics.
+            self.log_dict(values, on_step=True, on_epoch=False, batch_size=1)
+        else:
+            # already reduced (torchmetrics); sync_dist only keeps Lightning from warning under DDP, at the
+            # cost of one tiny all-reduce per value per evaluation
             self.log_dict(values, on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
         return values
 
@@ -310,8 +326,35 @@ class PaperTask(LightningModule):
         """Override to derive more epoch values from the logged ones (e.g. bits per character)."""
         return {}
 
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """The training epoch's metrics are logged after its last batch (subclasses that override this hook
+        call ``super()``)."""
+        if batch_idx + 1 == self.trainer.num_training_batches:
+            self.log_epoch("train")
+
     def on_train_epoch_end(self) -> None:
-        self.log_epoch("train")
+        if self._pending_steps["train"] or self._updated["train"]:
+            self.log_epoch("train")  # an epoch cut short (max_steps) or of unknown length
+
+    # A checkpoint written within an epoch resumes in it: the training epoch's metric states go with it.
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.flush_metrics("train")
+        metrics = {"": self.stage_loss["train_"], **self.stage_metrics["train_"]}
+        checkpoint["paperlab_train_metrics"] = {
+            "updated": sorted(self._updated["train"]),
+            "states": {name: {k: _detach(v) for k, v in m.metric_state.items()} for name, m in metrics.items()},
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("paperlab_train_metrics")
+        if not saved:
+            return
+        metrics = {"": self.stage_loss["train_"], **self.stage_metrics["train_"]}
+        for name, states in saved["states"].items():
+            if name in metrics:
+                for key, value in states.items():
+                    setattr(metrics[name], key, value)
+        self._updated["train"] = set(saved["updated"])
 
     def on_validation_epoch_end(self) -> None:
         self.log_epoch("val")

@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
 
 
 def _guard(fn, argv: list[str], bad_input: int) -> int:
-    from callbacks.mlflow_logger import TrackingServerUnreachable
+    from callbacks.tracking import TrackingServerUnreachable
 
     try:
         return fn(argv)
@@ -163,7 +163,7 @@ def _guard(fn, argv: list[str], bad_input: int) -> int:
 
 
 def _plan(args: argparse.Namespace):
-    from callbacks.mlflow_logger import default_tracking_uri
+    from callbacks.tracking import default_tracking_uri
     from sweeps.launchers import trainer_args
     from sweeps.runner import SweepPlan
     from sweeps.spec import canonicalize, checkpoint_root, expand, experiment_of, load_sweep, validate
@@ -184,7 +184,7 @@ def _plan(args: argparse.Namespace):
 
 
 def sweep_main(argv: list[str]) -> int:
-    from callbacks.mlflow_logger import check_tracking_server
+    from callbacks.tracking import check_tracking_server
     from sweeps import launchers
     from sweeps.runner import (
         InProcess,
@@ -201,6 +201,12 @@ def sweep_main(argv: list[str]) -> int:
         raise SweepError(f"--workers must be at least 1, got {args.workers}")
     if args.in_process and (args.workers > 1 or args.launcher != "local" or args.exec_prefix):
         raise SweepError("--in-process runs one point at a time in this process: drop --workers/--launcher")
+    if args.dry_run:  # what the file says, at once; checking it against the base config imports the trainer
+        from sweeps.spec import expand, load_sweep
+
+        spec = load_sweep(args.config)
+        print(f"sweep {spec.name}: {len(expand(spec))} point(s) of {spec.base.name}; checking them against the "
+              "base config ...", flush=True)
     plan = _plan(args)
     n = len(plan.points)
     only = sorted(set(args.point)) if args.point else None
@@ -324,7 +330,7 @@ def _write_slurm(args: argparse.Namespace, plan) -> Path:
 
 
 def compare_main(argv: list[str]) -> int:
-    from callbacks.mlflow_logger import check_tracking_server, default_tracking_uri
+    from callbacks.tracking import check_tracking_server, default_tracking_uri
     from sweeps.compare import compare, slug, table, write_outputs
     from sweeps.runner import client_for
 
