@@ -15,7 +15,6 @@ from torch import Tensor, nn
 from errors import ConfigError
 from modules.components.activations import get_activation
 
-
 Norm = Literal["batch", "group"]
 
 

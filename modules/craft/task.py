@@ -127,7 +127,7 @@ class FederatedClassifier(PaperTask):
         self,
         net: NetFactory = functools.partial(MLP, hidden=[64, 64], activation="relu"),
         aggregator: Aggregator = "craft",
-        server_lr: float = 0.5,
+        server_lr: float = 2.0,
         server_momentum: float = 0.9,
         prox_mu: float = 0.01,
         clients_per_round: int | None = None,
