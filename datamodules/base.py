@@ -27,7 +27,7 @@ from torch import Tensor
 from errors import ConfigError
 
 
-class _EpochSetter:
+class EpochSetter:
     """What Lightning's ``_set_sampler_epoch`` looks for (``loader.sampler.set_epoch``)."""
 
     def __init__(self, loader: BatchedTensorLoader) -> None:
@@ -80,7 +80,7 @@ class BatchedTensorLoader:
         self.rank = rank
         self.world_size = world_size
         self.epoch = 0
-        self.sampler = _EpochSetter(self)
+        self.sampler = EpochSetter(self)
         self.batch_sampler = None  # Lightning's loader inspection reads it
         self._yielded = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches to skip) from a checkpoint

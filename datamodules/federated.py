@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from datamodules.base import BatchedTensorLoader, PaperlabDataModule, _EpochSetter
+from datamodules.base import BatchedTensorLoader, EpochSetter, PaperlabDataModule
 from datamodules.digits import load_digits_tensors
 from datamodules.hub import load_hub_dataset
 from datamodules.partition import dirichlet_partition
@@ -53,7 +53,7 @@ class FederationLoader:
         self.federation = federation
         self.rounds = rounds
         self.epoch = 0
-        self.sampler = _EpochSetter(self)  # Lightning's set_epoch hook; the rounds are seeded by the module
+        self.sampler = EpochSetter(self)  # Lightning's set_epoch hook; the rounds are seeded by the module
         self.batch_sampler = None
 
     def __len__(self) -> int:

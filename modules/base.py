@@ -313,9 +313,14 @@ class PaperTask(LightningModule):
             return values
         # batch_size: one aggregate per epoch; given, Lightning does not search the batch for a size
         if stage == "train":
-            # Sent to the loggers at once (an epoch-level value would reach them only after the epoch-end
-            # checkpoint, and be lost to an interrupt right after it). Reduced over ranks by torchmetrics.
-            self.log_dict(values, on_step=True, on_epoch=False, batch_size=1)
+            # Straight to the loggers (rank 0) and callback_metrics, at once: Lightning would hand epoch-level
+            # values over only after the epoch-end checkpoint (lost to an interrupt right after it), and
+            # step-level ones only every log_every_n_steps. Reduced over ranks by torchmetrics.
+            if self.trainer.is_global_zero:
+                floats = {k: float(v) for k, v in values.items()}
+                for logger in self.loggers:
+                    logger.log_metrics(floats, step=self.global_step)
+            self.trainer.callback_metrics.update(values)
         else:
             # already reduced (torchmetrics); sync_dist only keeps Lightning from warning under DDP, at the
             # cost of one tiny all-reduce per value per evaluation
