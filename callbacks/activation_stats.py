@@ -20,8 +20,8 @@ Forward pre-hooks on every activation module (a module with a ``positive_bias``,
 Logged as ``diag/activations/<layer>/{sparsity,near_zero,max,spike_ratio}`` for every weight layer's input,
 ``diag/activations/<activation>/pre_negative`` for every activation module, plus averages over the layers
 that read a positively biased activation, ``diag/activations/downstream_sparsity``, ``downstream_near_zero``
-and ``downstream_max`` (the largest), and over the positively biased activations,
-``downstream_pre_negative`` (roles as in ``callbacks.weight_drift``).
+and ``downstream_max`` (the largest), and over the positively biased (symmetric) activations,
+``downstream_pre_negative`` (``symmetric_pre_negative``, the control; roles as in ``callbacks.weight_drift``).
 
 When (``schedule``): with ``at_validation`` on the first ``eval_batches`` batches of every validation run
 (and the sanity check, which gives the initialisation), and at the schedule's training steps on the
@@ -254,17 +254,18 @@ class ActivationStats(Diagnostic):
 
     @staticmethod
     def summarise_pre(act_names: list[str], pre: Tensor, positive: list[bool]) -> dict[str, float]:
-        """``<activation>/pre_negative`` per activation and ``downstream_pre_negative`` (positively biased)."""
+        """``<activation>/pre_negative`` per activation, ``downstream_pre_negative`` (the mean over the positively
+        biased ones) and ``symmetric_pre_negative`` (over the symmetric ones)."""
         out: dict[str, float] = {}
-        down = []
+        groups: dict[str, list[float]] = {"downstream": [], "symmetric": []}
         for i, n in enumerate(act_names):
             if pre[i, 1] == 0:
                 continue
             out[f"{n}/pre_negative"] = (pre[i, 0] / pre[i, 1]).item()
-            if positive[i]:
-                down.append(out[f"{n}/pre_negative"])
-        if down:
-            out["downstream_pre_negative"] = sum(down) / len(down)
+            groups["downstream" if positive[i] else "symmetric"].append(out[f"{n}/pre_negative"])
+        for role, vals in groups.items():
+            if vals:
+                out[f"{role}_pre_negative"] = sum(vals) / len(vals)
         return out
 
     # --- validation batches -----------------------------------------------------------------------------

@@ -16,7 +16,8 @@ The same pass finds the *read-out*, the last weight layer the forward pass runs 
 head). Its mean gradient under softmax cross-entropy is exactly zero (the logits' gradients sum to zero over
 classes, so every column of ``dL/dW`` does), so a drift of the read-out under SGD + CE is impossible and
 under AdamW + CE it is an optimiser artefact (per-coordinate normalisation breaks the zero sum). The
-summaries therefore separate the downstream *hidden* layers from the read-out.
+summaries therefore separate the *hidden* layers (the ones reading an activation, downstream or symmetric,
+other than the read-out) from the read-out: the same summary for relu and for the tanh control.
 
 The initial weights are part of the callback's state, so a run resumed from a checkpoint measures drift
 from the true initialisation. Under DDP the weights (and the averaged gradients) are identical on every
@@ -142,9 +143,10 @@ class WeightDrift(Diagnostic):
     ``dL/dW`` of the step that produced the logged weights, when ``log_grad_mean``), plus per role
     (``downstream``, ``symmetric``, ``other``) the layer-averaged ``<role>_mean_drift`` and
     ``<role>_frac_negative``. The paper's summary is ``diag/weight_drift/downstream_mean_drift``; because the
-    read-out's mean gradient is zero under cross-entropy (module docstring), the same averages over the
-    downstream layers other than the read-out are ``downstream_hidden_{mean_drift,frac_negative,grad_mean}``,
-    and the read-out's own are ``readout_{drift,frac_negative,grad_mean}``.
+    read-out's mean gradient is zero under cross-entropy (module docstring), the averages over the layers
+    that read an activation (downstream or symmetric) other than the read-out are
+    ``hidden_{mean_drift,frac_negative,grad_mean}``, the same quantity for relu and its tanh control, and
+    the read-out's own are ``readout_{drift,frac_negative,grad_mean}``.
 
     Args:
         schedule: when to measure (default: the initialisation and every 50 optimiser steps).
@@ -248,7 +250,7 @@ class WeightDrift(Diagnostic):
     def compute(self, pl_module: nn.Module) -> dict[str, float]:
         """All values for the current weights (keys without the ``diag/weight_drift/`` prefix)."""
         out: dict[str, float] = {}
-        per_role: dict[str, list[tuple[float, float]]] = {r: [] for r in (*ROLES, "downstream_hidden")}
+        per_role: dict[str, list[tuple[float, float]]] = {r: [] for r in (*ROLES, "hidden")}
         for name, m in weight_layers(pl_module, self.exclude):
             mean, frac_neg, drift = weight_stats(m.weight, self.initial[name])
             out[f"{name}/mean"] = mean
@@ -256,8 +258,8 @@ class WeightDrift(Diagnostic):
             out[f"{name}/drift"] = drift
             role = self.roles.get(name, "other")
             per_role[role].append((drift, frac_neg))
-            if role == "downstream" and name != self.readout:
-                per_role["downstream_hidden"].append((drift, frac_neg))
+            if self._is_hidden(name):
+                per_role["hidden"].append((drift, frac_neg))
             if name == self.readout:
                 out["readout_drift"], out["readout_frac_negative"] = drift, frac_neg
         for role, vals in per_role.items():
@@ -266,11 +268,15 @@ class WeightDrift(Diagnostic):
                 out[f"{role}_frac_negative"] = sum(v[1] for v in vals) / len(vals)
         return out
 
+    def _is_hidden(self, name: str) -> bool:
+        """A layer that reads an activation (biased or symmetric) and is not the read-out."""
+        return self.roles.get(name) in ("downstream", "symmetric") and name != self.readout
+
     def _grad_summaries(self, grads: dict[str, float]) -> dict[str, float]:
-        hidden = [g for n, g in grads.items() if self.roles.get(n) == "downstream" and n != self.readout]
+        hidden = [g for n, g in grads.items() if self._is_hidden(n)]
         out = {f"{n}/grad_mean": g for n, g in grads.items()}
         if hidden:
-            out["downstream_hidden_grad_mean"] = sum(hidden) / len(hidden)
+            out["hidden_grad_mean"] = sum(hidden) / len(hidden)
         if self.readout in grads:
             out["readout_grad_mean"] = grads[self.readout]
         return out

@@ -119,3 +119,41 @@ def test_config_fast_dev_run(config, paperlab_tmp):
     from main import cli_main
 
     assert cli_main(["fit", "--config", str(config), "--trainer.fast_dev_run", "true"]) == 0
+
+
+# --- the paper's claim itself ---------------------------------------------------------------------------------
+
+
+def _relative_hidden_grad(activation: str, loss: str, seed: int) -> float:
+    """``mean(dL/dW) / mean|dL/dW|`` at initialisation, averaged over the hidden-to-hidden layers of a
+    64-128-128-128-10 He-initialised MLP, on one batch of Gaussian inputs with random labels."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    net = MLP(64, 10, hidden=[128, 128, 128], activation=activation, init="kaiming")
+    x, y = torch.randn(256, 64, generator=gen), torch.randint(0, 10, (256,), generator=gen)
+    out = net(x)
+    value = F.cross_entropy(out, y) if loss == "ce" else F.mse_loss(out, F.one_hot(y, 10).float())
+    value.backward()
+    grads = [net.layers[i].weight.grad.double() for i in (2, 4)]  # the layers reading a hidden activation
+    return sum((g.mean() / g.abs().mean()).item() for g in grads) / len(grads)
+
+
+@pytest.mark.parametrize("loss", ["ce", "mse"])
+def test_mean_gradient_at_init_is_positive_behind_biased_activations(loss):
+    """The paper's lemma: behind relu/gelu/silu the expected weight gradient of a hidden layer is positive at
+    initialisation (so descent drives its weights negative), behind tanh/identity it is zero by symmetry.
+
+    Measured over 20 inits (mean ± std of the relative mean gradient): ce relu +0.37 ± 0.05, gelu +0.39 ±
+    0.05, silu +0.34 ± 0.05, tanh -0.001 ± 0.008, identity -0.001 ± 0.007 (mse: +0.46 / +0.51 / +0.48 and
+    0.00 ± 0.007); no biased init fell below +0.23 and no symmetric one above 0.019 in magnitude. The margins
+    below sit between the two populations, so a zero or negative mean gradient, or a biased symmetric one,
+    fails.
+    """
+    seeds = range(8)
+    for act in ("relu", "gelu", "silu"):
+        values = [_relative_hidden_grad(act, loss, s) for s in seeds]
+        assert min(values) > 0.1, (act, values)
+    for act in ("tanh", "identity"):
+        values = torch.tensor([_relative_hidden_grad(act, loss, s) for s in seeds])
+        # each |value| ~ 0.007 (one init's noise); the mean over 8 inits has a standard error of ~0.0025
+        assert values.abs().max() < 0.05 and values.mean().abs() < 0.01, (act, values)
