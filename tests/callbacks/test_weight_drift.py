@@ -145,6 +145,26 @@ def test_logged_values_equal_direct_computation():
     assert last["readout_grad_mean"] == last["net.layers.4/grad_mean"]
 
 
+def test_hidden_summary_is_the_same_quantity_behind_tanh():
+    """``hidden_*`` averages the layers reading an activation, biased or symmetric, except the read-out, so the
+    relu rows and their tanh control compare one quantity."""
+    torch.manual_seed(0)
+    model = drift_model(hidden=[16, 16, 16], activation="tanh")
+    w0 = {n: m.weight.detach().clone() for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    cb = WeightDrift(schedule=Schedule(every_n_steps=3))
+    _trainer([cb], 3).fit(model, _data())
+    assert cb.roles == {"net.layers.0": "other", "net.layers.2": "symmetric", "net.layers.4": "symmetric",
+                        "net.layers.6": "symmetric"}
+    assert cb.readout == "net.layers.6"
+    last = cb.history[-1]
+    mods = dict(model.named_modules())
+    drifts = [(mods[n].weight.detach().double() - w0[n].double()).mean().item() for n in ("net.layers.2", "net.layers.4")]
+    assert last["hidden_mean_drift"] == pytest.approx(sum(drifts) / 2, abs=1e-12)
+    assert last["hidden_grad_mean"] == pytest.approx(
+        (last["net.layers.2/grad_mean"] + last["net.layers.4/grad_mean"]) / 2, abs=1e-15)
+    assert "downstream_mean_drift" not in last and last["readout_drift"] == last["net.layers.6/drift"]
+
+
 def test_grad_mean_is_the_gradient_of_the_logged_step():
     # plain SGD: W_k = W_{k-1} - lr * g_k, so mean(g_k) = -(mean W_k - mean W_{k-1}) / lr
     torch.manual_seed(0)
