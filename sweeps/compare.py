@@ -77,6 +77,7 @@ class Comparison:
     baseline: str | None = None
     robustness: list[tuple[str, float, float, int]] = field(default_factory=list)
     x_unit: str = "runs"
+    where: list[str] = field(default_factory=list)
 
 
 def summarize(values: list[float]) -> tuple[float, float, float, float]:
@@ -276,6 +277,7 @@ def compare(
     x_per_group: bool = False,
     leave_one_out: str | None = None,
     pool_datasets: bool = False,
+    where: list[str] | None = None,
 ) -> Comparison:
     """Group the runs, compute the statistics (see the module docstring); no files written.
 
@@ -283,7 +285,9 @@ def compare(
     per (metric, group). ``agg``/``steps`` summarise each run's history instead of taking its last value.
     ``baseline`` (``key=value``) adds each group's ratio to that group, paired by seed. With ``x``,
     ``x_per_group`` correlates the group means (seeds averaged) instead of runs, and ``leave_one_out`` (a
-    key) recomputes Spearman's rho leaving out each value of that key, and within each value.
+    key) recomputes Spearman's rho leaving out each value of that key, and within each value. ``where``
+    (``key=value`` items, all must hold) keeps only the runs with those param/tag values, for a table of one
+    arm of a sweep (the table says so).
     """
     if agg not in AGGREGATES:
         raise SweepError(f"--agg must be one of {AGGREGATES}, got {agg!r}")
@@ -295,6 +299,7 @@ def compare(
             + (f" ({', '.join(f'{n} {k}' for k, n in excluded.items())})" if excluded else "")
         )
     available = sorted({k for r in runs for k in (*r.data.params, *r.data.tags, *r.data.metrics)})
+    runs, where_keys = _select(runs, where or [], available)
     all_metrics = sorted({k for r in runs for k in r.data.metrics})
     metrics = [m for m in all_metrics if fnmatch.fnmatchcase(m, metric)] if any(c in metric for c in "*?[") else (
         [metric] if metric in all_metrics else []
@@ -361,12 +366,29 @@ def compare(
     result = Comparison(
         metric, group_keys, rows, groups, mode, x_key, parent_id=parent.info.run_id if parent else None,
         metrics=metrics, agg=agg if (agg != "last" or steps) else "last", auto_by=auto_by, excluded=excluded,
+        where=where_keys,
     )
     if baseline:
         _add_ratios(result, baseline)
     if x_key is not None:
         _correlate(result, x_per_group, leave_one_out)
     return result
+
+
+def _select(runs: list[Any], where: list[str], available: list[str]) -> tuple[list[Any], list[str]]:
+    """The runs whose param/tag ``key`` equals ``value`` for every ``key=value`` in ``where``."""
+    labels = []
+    for item in where:
+        key, sep, want = item.partition("=")
+        if not sep:
+            raise SweepError(f"--where takes KEY=VALUE (for example model.net.activation=relu), got {item!r}")
+        full = resolve_key(key, available)
+        values = sorted({str(_lookup(r, full)) for r in runs})
+        runs = [r for r in runs if str(_lookup(r, full)) == want]
+        if not runs:
+            raise SweepError(f"--where {item}: no run left with {full} = {want!r} (values: {', '.join(values)})")
+        labels.append(f"{full}={want}")
+    return runs, labels
 
 
 def _add_ratios(result: Comparison, baseline: str) -> None:
@@ -448,6 +470,8 @@ def table(result: Comparison) -> str:
     what = result.metric if result.agg == "last" else f"{result.metric} ({result.agg} over its history)"
     n_runs = len({r.run_id for r in result.rows})
     lines = [f"{what} ({result.mode} is best) over {n_runs} run(s)"]
+    if result.where:
+        lines.append("only the runs with " + ", ".join(map(_short_label, result.where)))
     if result.auto_by:
         lines.append("grouped also by what differs between the runs: " + ", ".join(map(_short_label, result.auto_by)))
     if result.excluded:

@@ -92,6 +92,29 @@ def test_glob_metrics_history_aggregates_and_paired_ratios(paperlab_tmp: Path) -
     assert next(g for g in agg.groups if g.keys == ("1.0",)).ratio[0] == pytest.approx(1.0)
 
 
+def test_where_keeps_one_arm_and_says_so(paperlab_tmp: Path, capsys) -> None:
+    client = _store(paperlab_tmp)
+    for act in ("relu", "tanh"):
+        for seed in range(2):
+            _run(client, f"{act}-s{seed}", {"model.init_args.net.init_args.activation": act, "seed_everything": seed,
+                                            "model.init_args.loss": "ce"},
+                 {"diag/a/l1/sparsity": 0.5 + (seed if act == "relu" else -seed) * 0.1, "diag/a/l2/sparsity": 0.1})
+    result = compare(client, "exp", "diag/a/*/sparsity", where=["model.net.activation=relu"])
+    assert result.where == ["model.init_args.net.init_args.activation=relu"]
+    assert {(g.metric, g.n) for g in result.groups} == {("diag/a/l1/sparsity", 2), ("diag/a/l2/sparsity", 2)}
+    assert next(g for g in result.groups if g.metric == "diag/a/l1/sparsity").mean == pytest.approx(0.55)
+    both = compare(client, "exp", "diag/a/l1/sparsity", where=["activation=relu", "loss=ce"])
+    assert both.groups[0].n == 2 and len(both.where) == 2
+    with pytest.raises(SweepError, match=r"no run left with .*activation = 'gelu' \(values: relu, tanh\)"):
+        compare(client, "exp", "test/acc", where=["activation=gelu"])
+    with pytest.raises(SweepError, match="KEY=VALUE"):
+        compare(client, "exp", "diag/a/l1/sparsity", where=["activation"])
+    assert cli_main(["compare", "--experiment", "exp", "--metric", "diag/a/l1/sparsity", "--where", "activation=tanh",
+                     "--no-log", "--out", str(paperlab_tmp / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "only the runs with model.net.activation=tanh" in out and "over 2 run(s)" in out
+
+
 def test_correlation_over_group_means_and_leave_one_out(paperlab_tmp: Path) -> None:
     client = _store(paperlab_tmp)
     rng = np.random.default_rng(1)
