@@ -12,7 +12,13 @@ import torch
 from lightning.pytorch.loggers import Logger
 from torch import nn
 
-from callbacks.causal_pieces import CausalPieceCounter, count_pieces, pack_bits, piece_ids
+from callbacks.causal_pieces import (
+    CausalPieceCounter,
+    count_pieces,
+    line_piece_counts,
+    pack_bits,
+    piece_ids,
+)
 from callbacks.diagnostic import Schedule
 from datamodules.spike_encoding import SpikeYinYangDataModule
 from modules.causal_pieces import CausalPiecesSNN
@@ -22,7 +28,13 @@ from tests.helpers import CleanDistributedExit
 
 def naive_piece_count(pairs, mode: str) -> tuple[int, list[int]]:
     """Per sample, per layer, per neuron a frozenset causal set; count distinct tuples in a Python set."""
-    pieces, layer_sets = set(), [set() for _ in pairs]
+    keys, layer_sets = naive_piece_keys(pairs, mode)
+    return len(set(keys)), [len(s) for s in layer_sets]
+
+
+def naive_piece_keys(pairs, mode: str) -> tuple[list[tuple], list[set]]:
+    """Every sample's piece as a tuple of per-layer frozensets of (neuron, causal set), and the per-layer sets."""
+    pieces, layer_sets = [], [set() for _ in pairs]
     pairs = [(p.tolist(), q.tolist()) for p, q in pairs]
     for b in range(len(pairs[0][0])):
         t_last = pairs[-1][1][b]
@@ -37,8 +49,8 @@ def naive_piece_count(pairs, mode: str) -> tuple[int, list[int]]:
             if l > 0:
                 n_prev = len(pairs[l - 1][1][b])
                 relevant = sorted({i for s in sets.values() for i in s if i < n_prev})
-        pieces.add(tuple(key))
-    return len(pieces), [len(s) for s in layer_sets]
+        pieces.append(tuple(key))
+    return pieces, layer_sets
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +78,28 @@ def test_snn_count_matches_naive_loop(yy, mode, key):
     assert res.samples == 800 and res.fraction == ref / 800
     assert 0 < res.entropy <= math.log2(res.count) + 1e-9
     assert int(res.counts.sum()) == 800
+
+
+@pytest.mark.parametrize("mode", ["path", "full"])
+def test_line_pieces_match_a_naive_walk_along_each_segment(yy, mode):
+    """Pieces along segments between samples: 1 + the number of consecutive points whose naive piece keys
+    differ, segment by segment; inputs that do not spike at one end switch at the midpoint."""
+    x, _ = yy
+    model = CausalPiecesSNN(hidden_sizes=[12], init_mean=[1.0, 0.5], init_std=[0.8, 0.8], init_seed=0)
+    starts, ends = x[:6].clone(), x[6:12].clone()
+    starts[0, 1] = math.inf  # one input silent at the start of segment 0 only
+    got = line_piece_counts(model, starts, ends, points=50, mode=mode)
+    for p in range(6):
+        pts = []
+        for s in torch.linspace(0, 1, 50, dtype=torch.float64).tolist():
+            pt = (1 - s) * starts[p] + s * ends[p]
+            pt[~torch.isfinite(starts[p])] = (starts[p] if s < 0.5 else ends[p])[~torch.isfinite(starts[p])]
+            pts.append(pt)
+        keys, _ = naive_piece_keys(model.spike_times((torch.stack(pts),)), mode)
+        assert int(got[p]) == 1 + sum(a != b for a, b in zip(keys[:-1], keys[1:]))
+    assert got.min() >= 2 and got.max() < 50  # neither constant nor a new piece at every point
+    with pytest.raises(ValueError, match="line_points"):
+        line_piece_counts(model, starts, ends, points=1)
 
 
 def test_path_mode_ignores_irrelevant_neurons():
