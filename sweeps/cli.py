@@ -131,6 +131,8 @@ def compare_parser() -> argparse.ArgumentParser:
                    help="with --x: correlate the group means (seeds averaged), not the runs")
     p.add_argument("--leave-one-out", default=None, metavar="KEY",
                    help="with --x: Spearman's rho without each value of KEY (a --by key), and within it")
+    p.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                   help="with --x: a 95%% interval of rho from N resamples of the grid points (groups)")
     p.add_argument("--pool-datasets", action="store_true", help="compare runs on different datasets together")
     p.add_argument("--out", default=None, help="output folder (default compare/<experiment>[/<sweep>])")
     p.add_argument(
@@ -337,7 +339,7 @@ def compare_main(argv: list[str]) -> int:
     result = compare(
         client, args.experiment, args.metric, by=args.by, sweep=args.sweep, x=args.x, mode=args.mode,
         agg=args.agg, steps=args.steps, baseline=args.baseline, x_per_group=args.per_group,
-        leave_one_out=args.leave_one_out, pool_datasets=args.pool_datasets,
+        leave_one_out=args.leave_one_out, pool_datasets=args.pool_datasets, bootstrap=args.bootstrap,
     )
     print(table(result))
     out = Path(args.out) if args.out else Path("compare") / slug(args.experiment) / slug(args.sweep or "all")

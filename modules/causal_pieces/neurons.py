@@ -138,7 +138,9 @@ def nlif_first_spike_times(t_in: Tensor, w: Tensor, tau_s: float = 1.0, theta: f
 def lambertw0(x: Tensor, iters: int = 12) -> Tensor:
     """Principal branch ``W0(x)`` for real ``x >= -1/e`` (Halley's method), with its autograd derivative.
 
-    Entries below ``-1/e`` return ``nan``; callers mask them out.
+    At most ``iters`` Halley steps, fewer once every step is below ``1e-13 (1 + |W|)`` (Halley converges
+    cubically: the next step would be at rounding level). Entries below ``-1/e`` return ``nan``; callers mask
+    them out.
     """
     with torch.no_grad():
         xd = x.detach()
@@ -152,6 +154,9 @@ def lambertw0(x: Tensor, iters: int = 12) -> Tensor:
             denom = ew * wp1 - (w + 2.0) * f / (2.0 * torch.where(wp1.abs() < 1e-300, 1e-300, wp1))
             step = torch.where(denom != 0, f / denom, torch.zeros_like(f))
             w = w - step
+            done = (step.abs() <= 1e-13 * (1.0 + w.abs())) | ~torch.isfinite(step)
+            if bool(done.all()):
+                break
         w = torch.where(xd < -1.0 / math.e, torch.full_like(w, math.nan), w)
         # dW/dx = 1 / (e^W (1 + W)), finite at x = 0 and infinite only at the branch point
         dw = 1.0 / (torch.exp(w) * torch.clamp(w + 1.0, min=1e-12))

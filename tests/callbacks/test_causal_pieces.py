@@ -220,6 +220,27 @@ def test_callback_logs_at_fit_start_and_every_n_epochs():
     assert restored.history == cb.history
 
 
+def test_a_path_and_a_full_counter_log_under_their_own_keys_with_line_pieces():
+    dm = SpikeYinYangDataModule(train_size=200, val_size=20, test_size=20, batch_size=100)
+    model = CausalPiecesSNN(hidden_sizes=[10], init_seed=0)
+    path = CausalPieceCounter(schedule=Schedule(every_n_epochs=1), piece_map=False, lines=5, line_points=40)
+    full = CausalPieceCounter(schedule=Schedule(every_n_epochs=0), mode="full", piece_map=False)
+    logger = _Capture()
+    dm.setup()
+    x = dm.splits["train"][0]
+    expected = {"count": count_pieces(model, [(x,)]).count, "full": count_pieces(model, [(x,)], mode="full").count}
+    L.Trainer(max_epochs=1, logger=logger, callbacks=[path, full], enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0).fit(model, dm)
+    first = {k: v for _, m in logger.metrics for k, v in m.items() if k.startswith("diag/")}
+    assert path.state_key != full.state_key
+    assert path.history[0]["count_init"] == expected["count"] and full.history[0]["full/count_init"] == expected["full"]
+    assert expected["full"] >= expected["count"]  # full mode also keys off-path neurons
+    assert not any(k.endswith(("_sum", "_n")) for k in first)
+    # the segments are pairs of the first 10 training samples in the (seeded) training order
+    assert "diag/causal_pieces/line_pieces_init" in first and "diag/causal_pieces/full/count_init" in first
+    assert path.history[0]["line_pieces_init"] == path.history[0]["line_pieces"] >= 1
+
+
 def test_piece_map_figure_is_an_mlflow_artifact(paperlab_tmp):
     import mlflow
     from lightning.pytorch.loggers import MLFlowLogger

@@ -248,6 +248,19 @@ def test_missing_output_spikes_keep_training_alive():
     assert torch.isfinite(model(x)).any(1).float().mean() > 0.9
 
 
+def test_a_silent_output_layer_counts_as_wrong_and_is_logged():
+    """No output spike = no answer: predicted NO_SPIKE (-1), never correct (it used to be class 0, which scored
+    a dead network about 1/3 on Yin-Yang); the fraction is logged as <stage>/missing_output."""
+    t_out = torch.tensor([[math.inf] * 3, [0.5, math.inf, 0.2], [math.inf, 1.0, math.inf]], dtype=torch.float64)
+    assert CausalPiecesSNN.predict_from_times(t_out).tolist() == [CausalPiecesSNN.NO_SPIKE, 2, 1]
+    dead = CausalPiecesSNN(hidden_sizes=[8], init_mean=[-1.0, -1.0], init_std=[0.1, 0.1], init_seed=0)
+    dm = SpikeYinYangDataModule(train_size=30, val_size=30, test_size=300)
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    res = trainer.test(dead, dm, verbose=False)[0]
+    assert res["test/acc"] == 0.0 and res["test/missing_output"] == 1.0
+    assert (trainer.predict(dead, dm.test_dataloader())[0] == CausalPiecesSNN.NO_SPIKE).all()
+
+
 def test_training_learns_yinyang_quickly():
     """A few epochs on a 1500-sample subset already separate the three classes well above chance."""
     torch.manual_seed(0)
