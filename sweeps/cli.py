@@ -133,6 +133,8 @@ def compare_parser() -> argparse.ArgumentParser:
                    help="with --x: Spearman's rho without each value of KEY (a --by key), and within it")
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                    help="only the runs whose param or tag KEY has this value (repeatable, all must hold)")
+    p.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                   help="with --x: a 95%% interval of rho from N resamples of the grid points (groups)")
     p.add_argument("--pool-datasets", action="store_true", help="compare runs on different datasets together")
     p.add_argument("--out", default=None, help="output folder (default compare/<experiment>[/<sweep>])")
     p.add_argument(
@@ -346,6 +348,7 @@ def compare_main(argv: list[str]) -> int:
         client, args.experiment, args.metric, by=args.by, sweep=args.sweep, x=args.x, mode=args.mode,
         agg=args.agg, steps=args.steps, baseline=args.baseline, x_per_group=args.per_group,
         leave_one_out=args.leave_one_out, pool_datasets=args.pool_datasets, where=args.where,
+        bootstrap=args.bootstrap,
     )
     print(table(result))
     out = Path(args.out) if args.out else Path("compare") / slug(args.experiment) / slug(args.sweep or "all")

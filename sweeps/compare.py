@@ -78,6 +78,7 @@ class Comparison:
     robustness: list[tuple[str, float, float, int]] = field(default_factory=list)
     x_unit: str = "runs"
     where: list[str] = field(default_factory=list)
+    bootstrap: tuple[float, float, int, int] | None = None  # rho's 95% interval, resamples used, grid points
 
 
 def summarize(values: list[float]) -> tuple[float, float, float, float]:
@@ -278,6 +279,7 @@ def compare(
     leave_one_out: str | None = None,
     pool_datasets: bool = False,
     where: list[str] | None = None,
+    bootstrap: int = 0,
 ) -> Comparison:
     """Group the runs, compute the statistics (see the module docstring); no files written.
 
@@ -287,7 +289,10 @@ def compare(
     ``x_per_group`` correlates the group means (seeds averaged) instead of runs, and ``leave_one_out`` (a
     key) recomputes Spearman's rho leaving out each value of that key, and within each value. ``where``
     (``key=value`` items, all must hold) keeps only the runs with those param/tag values, for a table of one
-    arm of a sweep (the table says so).
+    arm of a sweep (the table says so). ``bootstrap``
+    (a number of resamples) adds a 95% percentile interval of rho from resampling the groups (grid points)
+    with replacement: a resampled group brings its mean (``x_per_group``) or all its runs, so seeds of one
+    grid point are never treated as independent points.
     """
     if agg not in AGGREGATES:
         raise SweepError(f"--agg must be one of {AGGREGATES}, got {agg!r}")
@@ -370,8 +375,10 @@ def compare(
     )
     if baseline:
         _add_ratios(result, baseline)
+    if bootstrap and x_key is None:
+        raise SweepError("--bootstrap resamples a correlation: give --x too")
     if x_key is not None:
-        _correlate(result, x_per_group, leave_one_out)
+        _correlate(result, x_per_group, leave_one_out, bootstrap)
     return result
 
 
@@ -415,7 +422,7 @@ def _add_ratios(result: Comparison, baseline: str) -> None:
             g.ratio = (mean, lo, hi, len(ratios))
 
 
-def _correlate(result: Comparison, per_group: bool, leave_one_out: str | None) -> None:
+def _correlate(result: Comparison, per_group: bool, leave_one_out: str | None, bootstrap: int = 0) -> None:
     """Spearman's rho of the metric against ``x``: over runs, or over group means; and its robustness."""
     rows = [r for r in result.rows if r.x is not None and math.isfinite(r.x) and r.metric == result.metrics[0]]
 
@@ -440,6 +447,37 @@ def _correlate(result: Comparison, per_group: bool, leave_one_out: str | None) -
                 rho = _spearman(points(subset))
                 pts = len(points(subset))
                 result.robustness.append((label, *(rho if rho else (math.nan, math.nan)), pts))
+    if bootstrap:
+        result.bootstrap = _bootstrap_groups(rows, per_group, bootstrap)
+
+
+def _bootstrap_groups(rows: list[Row], per_group: bool, resamples: int, seed: int = 0):
+    """Percentile 95% interval of Spearman's rho over ``resamples`` resamples of the groups with replacement
+    (numpy ``default_rng(seed)``); resamples whose rho is undefined (a constant side) are skipped."""
+    import numpy as np
+    from scipy import stats
+
+    cells: dict[tuple[str, ...], list[Row]] = {}
+    for r in rows:
+        cells.setdefault(r.keys, []).append(r)
+    groups = list(cells.values())
+    if len(groups) < 3:
+        raise SweepError(f"--bootstrap needs at least 3 groups (grid points), got {len(groups)}")
+    if per_group:
+        pts = [[(sum(r.x for r in c) / len(c), sum(r.value for r in c) / len(c))] for c in groups]
+    else:
+        pts = [[(r.x, r.value) for r in c] for c in groups]
+    rng = np.random.default_rng(seed)
+    rhos = []
+    for _ in range(resamples):
+        sample = [p for i in rng.integers(0, len(groups), len(groups)) for p in pts[i]]
+        xs, ys = zip(*sample)
+        if len(set(xs)) > 1 and len(set(ys)) > 1:
+            rhos.append(float(stats.spearmanr(xs, ys)[0]))
+    if not rhos:
+        return None
+    lo, hi = np.percentile(rhos, [2.5, 97.5])
+    return float(lo), float(hi), len(rhos), len(groups)
 
 
 def _fmt(v: float) -> str:
@@ -491,6 +529,10 @@ def table(result: Comparison) -> str:
         lines.append(
             f"Spearman rho({result.x}, {result.metrics[0]}) = {rho:.3f} (p = {p:.3g}, n = {n_pts} {result.x_unit})"
         )
+    if result.bootstrap is not None:
+        lo, hi, used, k = result.bootstrap
+        lines.append(f"  95% bootstrap interval of rho, resampling the {k} grid points: [{lo:.3f}, {hi:.3f}] "
+                     f"({used} resamples)")
     for label, rho, p, n in result.robustness:
         lines.append(f"  {label}: rho = {rho:.3f} (p = {p:.3g}, n = {n})" if not math.isnan(rho)
                      else f"  {label}: rho undefined (n = {n})")

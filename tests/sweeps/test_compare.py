@@ -145,3 +145,26 @@ def test_correlation_over_group_means_and_leave_one_out(paperlab_tmp: Path) -> N
     assert labels[f"only {key}=0.5"][1] == 2 and math.isnan(labels[f"only {key}=0.5"][0])  # 2 points: undefined
     per_run = compare(client, "exp", "test/acc", by=["init_mean", "init_std"], x="count")
     assert per_run.spearman[0] == pytest.approx(stats.spearmanr([x for *_, x, _ in rows], [y for *_, y in rows])[0])
+
+
+def test_bootstrap_interval_resamples_grid_points_not_seeds(paperlab_tmp: Path, capsys) -> None:
+    """A perfectly monotone relation gives [1, 1]; noise gives an interval around rho about as wide as its
+    sampling spread (SE ~ 1/sqrt(k - 1) for k points); seeds of one grid point stay together."""
+    client = _store(paperlab_tmp)
+    rng = np.random.default_rng(2)
+    for i in range(12):
+        for seed in range(2):
+            _run(client, f"p{i}-{seed}", {"model.init_args.init_mean": i, "seed_everything": seed},
+                 {"count": i + 0.01 * seed, "mono": i + 0.02 * seed, "noise": float(rng.normal())})
+    mono = compare(client, "exp", "mono", by=["init_mean"], x="count", x_per_group=True, bootstrap=200)
+    assert mono.bootstrap[:2] == pytest.approx((1.0, 1.0)) and mono.bootstrap[3] == 12
+    noise = compare(client, "exp", "noise", by=["init_mean"], x="count", x_per_group=True, bootstrap=500)
+    lo, hi, used, k = noise.bootstrap
+    assert lo < noise.spearman[0] < hi and 0.5 < hi - lo < 1.6 and used == 500 and k == 12
+    per_run = compare(client, "exp", "noise", by=["init_mean"], x="count", bootstrap=300)
+    assert per_run.bootstrap[3] == 12  # the resampled unit is the grid point in per-run mode too
+    with pytest.raises(SweepError, match="--x"):
+        compare(client, "exp", "noise", by=["init_mean"], bootstrap=10)
+    assert cli_main(["compare", "--experiment", "exp", "--metric", "mono", "--by", "init_mean", "--x", "count",
+                     "--per-group", "--bootstrap", "100", "--no-log", "--out", str(paperlab_tmp / "c")]) == 0
+    assert "95% bootstrap interval of rho, resampling the 12 grid points: [1.000, 1.000]" in capsys.readouterr().out
