@@ -77,6 +77,7 @@ class Comparison:
     baseline: str | None = None
     robustness: list[tuple[str, float, float, int]] = field(default_factory=list)
     x_unit: str = "runs"
+    divide_by: str | None = None
 
 
 def summarize(values: list[float]) -> tuple[float, float, float, float]:
@@ -276,6 +277,7 @@ def compare(
     x_per_group: bool = False,
     leave_one_out: str | None = None,
     pool_datasets: bool = False,
+    divide_by: str | None = None,
 ) -> Comparison:
     """Group the runs, compute the statistics (see the module docstring); no files written.
 
@@ -283,7 +285,10 @@ def compare(
     per (metric, group). ``agg``/``steps`` summarise each run's history instead of taking its last value.
     ``baseline`` (``key=value``) adds each group's ratio to that group, paired by seed. With ``x``,
     ``x_per_group`` correlates the group means (seeds averaged) instead of runs, and ``leave_one_out`` (a
-    key) recomputes Spearman's rho leaving out each value of that key, and within each value.
+    key) recomputes Spearman's rho leaving out each value of that key, and within each value. ``divide_by``
+    (a metric) divides each run's value by its value of that metric, summarised the same way: with
+    ``agg="mean"`` a ratio of means (a noise scale over a phase is mean tr(Sigma) / mean |G|^2, not the mean
+    of single-step ratios, whose noisy denominators make them heavy-tailed).
     """
     if agg not in AGGREGATES:
         raise SweepError(f"--agg must be one of {AGGREGATES}, got {agg!r}")
@@ -304,6 +309,12 @@ def compare(
         raise SweepError(
             f"no run logged the metric '{metric}'" + (f" (did you mean '{close[0]}'?)" if close else "")
         )
+    if divide_by is not None:
+        if len(metrics) > 1 or any(c in metric for c in "*?["):
+            raise SweepError("--divide-by takes one --metric, not a glob")
+        if divide_by not in all_metrics:
+            close = difflib.get_close_matches(divide_by, all_metrics, n=1, cutoff=0.5)
+            raise SweepError(f"no run logged the metric '{divide_by}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
     by_keys = [resolve_key(k, available) for k in (by or [])]
     x_key = resolve_key(x, available) if x else None
     mode = mode or default_mode(metrics[0])
@@ -339,12 +350,16 @@ def compare(
         seed = str(run.data.params.get(SEED_KEY, ""))
         for m in metrics:
             value = run_value(client, run, m, agg, step_range)
+            if divide_by is not None and value is not None:
+                den = run_value(client, run, divide_by, agg, step_range)
+                value = value / den if den is not None and math.isfinite(den) and den != 0 else None
             if value is None or not math.isfinite(value):
                 missing += 1
                 continue
             rows.append(Row(run.info.run_id, run.info.run_name or run.info.run_id, keys, float(value), xv, m, seed))
     if missing:
-        excluded[f"no finite value of {metric}" + (f" ({agg} over steps {steps})" if steps else "")] = missing
+        what = metric + (f" / {divide_by}" if divide_by else "")
+        excluded[f"no finite value of {what}" + (f" ({agg} over steps {steps})" if steps else "")] = missing
     if not rows:
         raise SweepError(f"no FINISHED run has a finite value of '{metric}'")
 
@@ -361,6 +376,7 @@ def compare(
     result = Comparison(
         metric, group_keys, rows, groups, mode, x_key, parent_id=parent.info.run_id if parent else None,
         metrics=metrics, agg=agg if (agg != "last" or steps) else "last", auto_by=auto_by, excluded=excluded,
+        divide_by=divide_by,
     )
     if baseline:
         _add_ratios(result, baseline)
@@ -446,6 +462,9 @@ def table(result: Comparison) -> str:
         body.append([*row, g.best_run, _fmt(g.best_value)])
     widths = [max(len(str(r[i])) for r in [head, *body]) for i in range(len(head))]
     what = result.metric if result.agg == "last" else f"{result.metric} ({result.agg} over its history)"
+    if result.divide_by:
+        what = (f"{result.metric} / {result.divide_by}" if result.agg == "last" else
+                f"{result.metric} / {result.divide_by} (each the {result.agg} over its history)")
     n_runs = len({r.run_id for r in result.rows})
     lines = [f"{what} ({result.mode} is best) over {n_runs} run(s)"]
     if result.auto_by:
@@ -604,7 +623,8 @@ def write_outputs(
     from callbacks.figures import figure_png
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = slug(result.metric.replace("*", "all")) + ("_vs_" + slug(result.x) if result.x else "")
+    stem = slug(result.metric.replace("*", "all")) + ("_per_" + slug(result.divide_by) if result.divide_by else "")
+    stem += "_vs_" + slug(result.x) if result.x else ""
     named = [k for k in result.by if k not in result.auto_by]
     stem += "_by_" + "_".join(slug(_short(k)) for k in named) if named else ""
     fig = figure(result)
