@@ -256,13 +256,35 @@ def run_value(client: Any, run: Any, metric: str, agg: str, steps: tuple[float, 
     return {"mean": sum(values) / len(values), "min": min(values), "max": max(values)}[agg]
 
 
+EXACT_P_MAX_N = 8  # up to 8! = 40320 permutations: exact p-values are cheap
+
+
 def _spearman(pairs: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Spearman's rho and its two-sided p-value: exact (all permutations) for n <= EXACT_P_MAX_N, where
+    scipy's t approximation is wrong (it gives p = 0 for rho = 1 on 3 points; the exact value is 1/3)."""
     from scipy import stats
 
     if len(pairs) < 3 or len({a for a, _ in pairs}) < 2 or len({b for _, b in pairs}) < 2:
         return None
-    rho, p = stats.spearmanr([a for a, _ in pairs], [b for _, b in pairs])
+    xs, ys = [a for a, _ in pairs], [b for _, b in pairs]
+    rho, p = stats.spearmanr(xs, ys)
+    if len(pairs) <= EXACT_P_MAX_N:
+        p = _exact_spearman_p(xs, ys, float(rho))
     return float(rho), float(p)
+
+
+def _exact_spearman_p(xs: list[float], ys: list[float], rho: float) -> float:
+    """P(|rho| >= |observed|) over every permutation of the y ranks (ties keep their average ranks)."""
+    import itertools
+
+    import numpy as np
+    from scipy import stats
+
+    rx = stats.rankdata(xs) - (len(xs) + 1) / 2
+    ry = stats.rankdata(ys) - (len(ys) + 1) / 2
+    perms = np.array(list(itertools.permutations(ry)))
+    rhos = perms @ rx / math.sqrt(float(rx @ rx) * float(ry @ ry))
+    return float(np.mean(np.abs(rhos) >= abs(rho) - 1e-12))
 
 
 def compare(

@@ -197,3 +197,22 @@ def test_bootstrap_interval_resamples_grid_points_not_seeds(paperlab_tmp: Path, 
     assert cli_main(["compare", "--experiment", "exp", "--metric", "mono", "--by", "init_mean", "--x", "count",
                      "--per-group", "--bootstrap", "100", "--no-log", "--out", str(paperlab_tmp / "c")]) == 0
     assert "95% bootstrap interval of rho, resampling the 12 grid points: [1.000, 1.000]" in capsys.readouterr().out
+
+
+def test_spearman_p_is_exact_on_few_points() -> None:
+    import itertools
+
+    from scipy import stats
+
+    from sweeps.compare import _spearman
+
+    rho, p = _spearman([(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)])
+    assert rho == pytest.approx(1.0) and p == pytest.approx(2 / 6)  # 2 of the 3! orders reach |rho| = 1
+    rng = np.random.default_rng(0)
+    xs, ys = list(rng.normal(size=6)), list(rng.normal(size=6))
+    ys[1] = ys[4]  # a tie
+    rho, p = _spearman(list(zip(xs, ys)))
+    naive = [abs(stats.spearmanr(xs, perm)[0]) >= abs(rho) - 1e-12 for perm in itertools.permutations(ys)]
+    assert p == pytest.approx(sum(naive) / len(naive))
+    xs, ys = list(rng.normal(size=12)), list(rng.normal(size=12))  # beyond 8 points: scipy's approximation
+    assert _spearman(list(zip(xs, ys)))[1] == pytest.approx(stats.spearmanr(xs, ys)[1])
