@@ -50,7 +50,13 @@ def run_main(args: list[str], cwd: Path, env: dict[str, str] | None = None, time
     """``python main.py <args>`` in a subprocess (needed for kill -9, signals and the ddp launcher)."""
     full_env = {**os.environ, "CI": "1", "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, str(REPO / "main.py"), *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, preexec_fn=_sigint_as_in_a_terminal)
+
+
+def _sigint_as_in_a_terminal() -> None:
+    # a suite started in the background (`pytest &` in a script) inherits SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler: give the child the default, as a terminal would
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def client() -> mlflow.MlflowClient:
