@@ -1,15 +1,15 @@
 """Long-memory sequence tasks, generated in code (paper 002-02): delayed recall, MQAR and ARFIMA regression.
 
 Token tasks share one vocabulary layout (``vocab_size`` 64 by default): token 0 is the query marker, then
-``n_keys`` keys, ``n_values`` values, and the rest noise (filler). Batches are
+``n_keys`` keys, ``n_values`` values, then ``n_noise`` filler tokens (default: all remaining ids). Batches are
 ``(tokens (B, L) uint8, targets (B, L) int8, lags (B, L) int16)``: ``targets`` is -100 except where the
 model must answer (the value of the queried key), ``lags`` there is the distance the answer has to be
 remembered over (0 elsewhere). Small integer dtypes keep 20k sequences of length 1100 at 88 MB; the model
 casts them.
 
-- ``DelayedRecallDataModule``: ``n_pairs`` pairs ``key value`` scattered over noise; each is queried once,
-  ``QUERY key`` -> value, with the gap between the value and the query marker (the lag) drawn
-  log-uniformly in ``[1, max_lag]``. Length 1100, lags up to 1024 by default.
+- ``DelayedRecallDataModule``: ``n_pairs`` pairs ``key value`` scattered over noise; each is queried
+  ``n_queries`` times, ``QUERY key`` -> value, with the gap between the value and the query marker (the lag)
+  drawn log-uniformly in ``[1, max_lag]``. Length 1100, lags up to 1024 by default.
 - ``MQARDataModule``: multi-query associative recall (Zoology's MQAR): ``n_pairs`` ``key value`` pairs at
   the start, then every key queried (bare key -> its value) at random later positions among noise; length 512.
 - ``ARFIMADataModule``: exact stationary Gaussian ARFIMA(0, d, 0) series ``(1 - B)^d x_t = eps_t`` (circulant
@@ -39,7 +39,7 @@ class _TokenTaskDataModule(TensorDataModule):
 
     def __init__(self, seq_len: int, vocab_size: int, n_keys: int, n_values: int, n_pairs: int,
                  n_train: int, n_val: int, n_test: int, data_seed: int, batch_size: int,
-                 eval_batch_size: int | None, seed: int) -> None:
+                 eval_batch_size: int | None, seed: int, n_noise: int | None = None) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, seed=seed)
         if min(n_keys, n_values, n_pairs, n_train, n_val, n_test) < 1:
             raise ConfigError("n_keys, n_values, n_pairs and the split sizes must be >= 1")
@@ -53,6 +53,10 @@ class _TokenTaskDataModule(TensorDataModule):
         self.seq_len, self._vocab, self.n_keys, self.n_values = seq_len, vocab_size, n_keys, n_values
         self.n_pairs, self.n_train, self.n_val, self.n_test = n_pairs, n_train, n_val, n_test
         self.data_seed = data_seed
+        spare = vocab_size - 1 - n_keys - n_values
+        if n_noise is not None and not 1 <= n_noise <= spare:
+            raise ConfigError(f"n_noise={n_noise} must lie in [1, {spare}] (the ids left after the marker, keys, values)")
+        self.n_noise = spare if n_noise is None else n_noise
 
     @property
     def key_ids(self) -> tuple[int, int]:
@@ -64,7 +68,8 @@ class _TokenTaskDataModule(TensorDataModule):
 
     @property
     def noise_ids(self) -> tuple[int, int]:
-        return 1 + self.n_keys + self.n_values, self._vocab
+        lo = 1 + self.n_keys + self.n_values
+        return lo, lo + self.n_noise
 
     @property
     def vocab_size(self) -> int:
@@ -104,15 +109,19 @@ def log_uniform_lags(rng: np.random.Generator, size: tuple[int, ...], max_lag: i
 class DelayedRecallDataModule(_TokenTaskDataModule):
     """Delayed recall: ``key value`` pairs, each queried once after a log-uniform lag (module docstring).
 
-    A pair at position ``p`` is ``key`` at ``p``, ``value`` at ``p + 1``; its query is ``QUERY`` at
-    ``p + 1 + lag`` and ``key`` at ``p + 2 + lag``, where the target is the value. The four positions of every
-    pair are distinct from all others in the sequence (rejection sampling).
+    A pair at position ``p`` is ``key`` at ``p``, ``value`` at ``p + 1``; each of its ``n_queries`` queries is
+    ``QUERY`` at ``p + 1 + lag`` and ``key`` at ``p + 2 + lag``, where the target is the value, with its own
+    lag. The positions of all pairs and queries are distinct (a sequence that collides is redrawn, lags
+    included: with several queries per pair, repeated small lags are slightly rarer than log-uniform). The value never
+    reappears in the input, so every query recalls it from the pair itself.
 
     Args:
         seq_len: L (default 1100).
         max_lag: lags are log-uniform in ``[1, max_lag]`` (default 1024); needs ``max_lag + 3 <= seq_len``.
-        n_pairs: pairs (and queries) per sequence.
+        n_pairs: pairs per sequence.
+        n_queries: queries of every pair (answers per sequence: ``n_pairs * n_queries``).
         vocab_size, n_keys, n_values: the vocabulary (module docstring).
+        n_noise: distinct filler tokens (default: every id left; 1 is a constant blank, as in Zoology's MQAR).
         n_train, n_val, n_test: sequences per split.
         data_seed: seed of the data (the splits are independent draws).
         batch_size, eval_batch_size, seed: see ``TensorDataModule``.
@@ -125,9 +134,11 @@ class DelayedRecallDataModule(_TokenTaskDataModule):
         seq_len: int = 1100,
         max_lag: int = 1024,
         n_pairs: int = 4,
+        n_queries: int = 1,
         vocab_size: int = 64,
         n_keys: int = 16,
         n_values: int = 32,
+        n_noise: int | None = None,
         n_train: int = 20_000,
         n_val: int = 500,
         n_test: int = 1000,
@@ -137,30 +148,32 @@ class DelayedRecallDataModule(_TokenTaskDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__(seq_len, vocab_size, n_keys, n_values, n_pairs, n_train, n_val, n_test, data_seed,
-                         batch_size, eval_batch_size, seed)
+                         batch_size, eval_batch_size, seed, n_noise)
         if max_lag < 1 or max_lag + 3 > seq_len:
             raise ConfigError(f"max_lag={max_lag} must be >= 1 and leave room for a pair and its query: "
                               f"max_lag + 3 <= seq_len={seq_len}")
-        if 4 * n_pairs > seq_len:
-            raise ConfigError(f"n_pairs={n_pairs} pairs need 4 positions each; seq_len={seq_len} is too short")
-        self.max_lag = max_lag
+        if n_queries < 1 or 2 * n_pairs * (1 + n_queries) > seq_len // 2:
+            raise ConfigError(f"n_pairs={n_pairs} pairs with n_queries={n_queries} queries each need "
+                              f"{2 * n_pairs * (1 + n_queries)} positions: too many for seq_len={seq_len}")
+        self.max_lag, self.n_queries = max_lag, n_queries
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[Tensor, Tensor, Tensor]:
         """``n`` sequences: ``(tokens, targets, lags)`` (module docstring)."""
-        P, L = self.n_pairs, self.seq_len
-        lags = log_uniform_lags(rng, (n, P), self.max_lag)
+        P, Q, L = self.n_pairs, self.n_queries, self.seq_len
+        lags = np.zeros((n, P, Q), dtype=np.int64)
         starts = np.zeros((n, P), dtype=np.int64)
         todo = np.arange(n)
         for _ in range(10_000):
             if todo.size == 0:
                 break
-            lg = lags[todo]
-            starts[todo] = np.floor(rng.random(lg.shape) * (L - 2 - lg)).astype(np.int64)  # p + 2 + lag <= L - 1
-            pos = _pair_positions(starts[todo], lg)
+            lags[todo] = log_uniform_lags(rng, (todo.size, P, Q), self.max_lag)
+            longest = lags[todo].max(-1)
+            starts[todo] = np.floor(rng.random(longest.shape) * (L - 2 - longest)).astype(np.int64)
+            pos = _pair_positions(starts[todo], lags[todo])
             srt = np.sort(pos, axis=1)
             todo = todo[(srt[:, 1:] == srt[:, :-1]).any(axis=1)]
         else:  # pragma: no cover - only for absurd settings, caught by the checks above in practice
-            raise ConfigError(f"could not place {P} non-overlapping pairs in {L} positions; lower n_pairs")
+            raise ConfigError(f"could not place {P} pairs and their queries in {L} positions; lower n_pairs")
         noise, keys, values = self._draw_tokens(rng, n)
         tokens = noise
         targets = np.full((n, L), IGNORE, dtype=np.int8)
@@ -168,15 +181,20 @@ class DelayedRecallDataModule(_TokenTaskDataModule):
         rows = np.arange(n)[:, None]
         tokens[rows, starts] = keys
         tokens[rows, starts + 1] = values
-        tokens[rows, starts + 1 + lags] = QUERY
-        tokens[rows, starts + 2 + lags] = keys
-        targets[rows, starts + 2 + lags] = values
-        lag_map[rows, starts + 2 + lags] = lags
+        for q in range(Q):
+            lq = lags[:, :, q]
+            tokens[rows, starts + 1 + lq] = QUERY
+            tokens[rows, starts + 2 + lq] = keys
+            targets[rows, starts + 2 + lq] = values
+            lag_map[rows, starts + 2 + lq] = lq
         return torch.from_numpy(tokens), torch.from_numpy(targets), torch.from_numpy(lag_map)
 
 
 def _pair_positions(starts: np.ndarray, lags: np.ndarray) -> np.ndarray:
-    return np.concatenate([starts, starts + 1, starts + 1 + lags, starts + 2 + lags], axis=1)
+    """Every position a pair (``starts (n, P)``) and its queries (``lags (n, P, Q)``) occupy: ``(n, 2P + 2PQ)``."""
+    queries = starts[:, :, None] + 1 + lags
+    return np.concatenate([starts, starts + 1, queries.reshape(len(starts), -1),
+                           (queries + 1).reshape(len(starts), -1)], axis=1)
 
 
 class MQARDataModule(_TokenTaskDataModule):
@@ -187,8 +205,8 @@ class MQARDataModule(_TokenTaskDataModule):
     Args:
         seq_len: L (default 512).
         n_pairs: key-value pairs (default 16).
-        vocab_size, n_keys, n_values, n_train, n_val, n_test, data_seed, batch_size, eval_batch_size, seed:
-            see ``DelayedRecallDataModule``.
+        vocab_size, n_keys, n_values, n_noise, n_train, n_val, n_test, data_seed, batch_size,
+            eval_batch_size, seed: see ``DelayedRecallDataModule``.
     """
 
     dataset_name = "mqar"
@@ -200,6 +218,7 @@ class MQARDataModule(_TokenTaskDataModule):
         vocab_size: int = 64,
         n_keys: int = 16,
         n_values: int = 32,
+        n_noise: int | None = None,
         n_train: int = 20_000,
         n_val: int = 500,
         n_test: int = 1000,
@@ -209,7 +228,7 @@ class MQARDataModule(_TokenTaskDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__(seq_len, vocab_size, n_keys, n_values, n_pairs, n_train, n_val, n_test, data_seed,
-                         batch_size, eval_batch_size, seed)
+                         batch_size, eval_batch_size, seed, n_noise)
         if 3 * n_pairs > seq_len:
             raise ConfigError(f"n_pairs={n_pairs} needs 3 * n_pairs <= seq_len={seq_len}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,7 +21,10 @@ def test_fit_lines_recovers_slopes_exactly() -> None:
     slope, r2 = fit_lines(x, y)
     assert math.isclose(slope[0].item(), -0.7, rel_tol=1e-12) and math.isclose(r2[0].item(), 1.0, rel_tol=1e-12)
     assert math.isnan(r2[1].item())  # no variance: R^2 undefined
-    assert 0.9 < r2[2].item() < 1.0
+    # a noisy line: R^2 of a simple regression is the squared Pearson correlation, slope as numpy's polyfit
+    r = np.corrcoef(x.numpy(), y[2].numpy())[0, 1]
+    assert math.isclose(r2[2].item(), r * r, rel_tol=1e-12) and 0.9 < r2[2].item() < 1.0
+    assert math.isclose(slope[2].item(), np.polyfit(x.numpy(), y[2].numpy(), 1)[0], rel_tol=1e-12)
 
 
 def test_power_law_and_exponential_are_told_apart() -> None:

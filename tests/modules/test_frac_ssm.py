@@ -269,9 +269,7 @@ def test_fit_and_test_through_the_cli(paperlab_tmp: Path) -> None:
     from tests.helpers import REPO, TINY, runs_of
 
     small = ["--data.init_args.seq_len", "300", "--data.init_args.max_lag", "256", "--data.init_args.n_train", "64",
-             "--data.init_args.n_val", "16", "--data.init_args.n_test", "16", "--model.init_args.d_model", "16",
-             "--trainer.callbacks+=callbacks.kernel_shape.KernelShape",
-             "--trainer.callbacks.init_args.t_min=2", "--trainer.callbacks.init_args.t_max=200"]
+             "--data.init_args.n_val", "16", "--data.init_args.n_test", "16", "--model.init_args.d_model", "16"]
     config = str(REPO / "configs/frac_ssm/recall_frac.yaml")
     assert cli_main(["fit", "--config", config, *TINY, *small]) == 0
     assert cli_main(["test", "--config", config, *TINY, *small, "--ckpt_path", "last"]) == 0
