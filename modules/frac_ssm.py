@@ -116,7 +116,8 @@ class _FracSSMTask(PaperTask, abstract=True):
         was = self.training
         self.eval()
         try:
-            return self.backbone.log_memory_kernels(self.embed(batch[0]))
+            with torch.no_grad():
+                return self.backbone.log_memory_kernels(self.embed(batch[0]))
         finally:
             self.train(was)
 
