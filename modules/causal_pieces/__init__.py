@@ -261,6 +261,7 @@ class CausalPiecesSNN(PaperTask):
         if self.trainer.world_size > 1:
             reduce = lambda f: self.trainer.strategy.reduce(f, reduce_op="mean")  # noqa: E731
         self.bump_silent_weights(batch[0], reduce)
+        super().on_train_batch_end(outputs, batch, batch_idx)  # the epoch's metrics, after the bump
 
     def predict_batch(self, batch: Any) -> Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
