@@ -298,24 +298,32 @@ def _mean(runs: list[dict[str, float]], key: str) -> float:
     return sum(r[key] for r in runs) / len(runs)
 
 
-@pytest.mark.slow  # 12 runs of 200-300 steps at length 1100: about 20 CPU minutes
-def test_claims_at_the_claim_budget(paperlab_tmp: Path) -> None:
-    """The issue's claims, as claim_sweep.yaml and arfima_sweep.yaml run them (3 seeds per arm, equal state,
-    equal steps): (1) recall accuracy on lags >= 256 at least 15 points above the exponential baseline,
-    within 10 points below lag 32; (2) FRAC's trained kernels straight in log-log (R^2 > 0.95 over >= 2
-    decades), the baseline's straighter in semilog than in log-log; (3) ARFIMA test MSE >= 5 % lower."""
-    seeds = (0, 1, 2)
-    recall = {k: [_fit_test(f"recall_{k}.yaml", s) for s in seeds] for k in ("frac", "exp")}
-    arfima = {k: [_fit_test(f"arfima_{k}.yaml", s) for s in seeds] for k in ("frac", "exp")}
-
+@pytest.mark.slow  # 6 runs of 300 steps at length 1100: about 12 CPU minutes; not yet run (see the docs page)
+def test_recall_claim_at_the_claim_budget(paperlab_tmp: Path) -> None:
+    """The issue's recall claim as claim_sweep.yaml runs it (3 seeds per arm, equal state, equal steps):
+    accuracy on lags >= 256 at least 15 points above the exponential baseline, within 10 points below lag 32;
+    FRAC's trained kernels straight in log-log over >= 2 decades, the baseline's straighter in semilog."""
+    recall = {k: [_fit_test(f"recall_{k}.yaml", s) for s in (0, 1, 2)] for k in ("frac", "exp")}
     long_gap = _mean(recall["frac"], "test/acc_lag256_1024") - _mean(recall["exp"], "test/acc_lag256_1024")
     short_gap = _mean(recall["frac"], "test/acc_lag1_32") - _mean(recall["exp"], "test/acc_lag1_32")
     assert long_gap >= 0.15, long_gap
     assert abs(short_gap) <= 0.10, short_gap
+    _assert_kernel_shapes(recall)
 
-    for runs in (recall, arfima):
-        assert min(r["diag/kernel_shape/decades"] for r in runs["frac"]) >= 2.0
-        assert _mean(runs["frac"], "diag/kernel_shape/loglog_r2") > 0.95
-        assert _mean(runs["exp"], "diag/kernel_shape/semilog_r2") > _mean(runs["exp"], "diag/kernel_shape/loglog_r2")
 
-    assert _mean(arfima["frac"], "test/mse") <= 0.95 * _mean(arfima["exp"], "test/mse")
+@pytest.mark.slow  # 6 runs of 200 steps at length 1100: about 8 CPU minutes
+def test_arfima_claims_at_the_claim_budget(paperlab_tmp: Path) -> None:
+    """What arfima_sweep.yaml found (3 seeds per arm): the trained FRAC kernels are power laws over >= 2
+    decades (log-log R^2 > 0.95) and the baseline's exponentials (semilog R^2 > 0.99, log-log < 0.9); the
+    issue's ARFIMA claim (FRAC's test MSE >= 5 % below the baseline's) does not hold at this budget."""
+    arfima = {k: [_fit_test(f"arfima_{k}.yaml", s) for s in (0, 1, 2)] for k in ("frac", "exp")}
+    _assert_kernel_shapes(arfima)
+    assert _mean(arfima["exp"], "diag/kernel_shape/semilog_r2") > 0.99
+    assert _mean(arfima["exp"], "diag/kernel_shape/loglog_r2") < 0.9
+    assert _mean(arfima["frac"], "test/mse") > 0.95 * _mean(arfima["exp"], "test/mse")
+
+
+def _assert_kernel_shapes(runs: dict[str, list[dict[str, float]]]) -> None:
+    assert min(r["diag/kernel_shape/decades"] for r in runs["frac"]) >= 2.0
+    assert _mean(runs["frac"], "diag/kernel_shape/loglog_r2") > 0.95
+    assert _mean(runs["exp"], "diag/kernel_shape/semilog_r2") > _mean(runs["exp"], "diag/kernel_shape/loglog_r2")
