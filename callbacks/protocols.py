@@ -43,6 +43,17 @@ class DiagnosticForward(Protocol):
     def diagnostic_forward(self, batch: Any) -> Any: ...
 
 
+@runtime_checkable
+class MemoryKernels(Protocol):
+    """Recurrent sequence models: per layer, the log of each channel's realised memory kernel ``(C, L - 1)`` at lags ``1 .. L - 1`` on a batch.
+
+    The kernel is what the layer's state keeps of an impulse at the first position after ``t`` steps of the
+    batch's own inputs (for a selective SSM: the decay part, under the input-dependent step sizes).
+    """
+
+    def memory_kernels(self, batch: Any) -> list[Tensor]: ...
+
+
 class ClientRound(NamedTuple):
     """One federated round as the server saw it (flat parameter vectors of length P).
 
