@@ -43,6 +43,17 @@ class DiagnosticForward(Protocol):
     def diagnostic_forward(self, batch: Any) -> Any: ...
 
 
+@runtime_checkable
+class ErrorLadder(Protocol):
+    """Compression ladders: true errors, bounds and predictions of every fitted level on a batch of signals.
+
+    Returns ``{"levels", "true" (S, n), "calib" (S,), "d", "bound", "pred_self", "pred_calib" (S, n - 1),
+    "summary" {name: value}, "maps" {"true", "pred"} (n - 1, H, W)}`` (``d`` onward only when n >= 2).
+    """
+
+    def error_ladder(self, batch: Any) -> dict[str, Any]: ...
+
+
 def method_of(protocol: type) -> str:
     """The method a protocol asks for, with its signature as written in the protocol."""
     names = [n for n in vars(protocol) if not n.startswith("_")]
