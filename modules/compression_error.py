@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from errors import ConfigError, PaperlabError
 from modules.base import PaperTask, Stage, StepOutput, WeightedMean
-from modules.components.measurements import Task, make_operator
+from modules.components.measurements import Task, make_operator, support_disc
 from modules.components.signal_fits import (
     FAMILIES,
     Family,
@@ -232,7 +232,7 @@ class _SignalTask(PaperTask, abstract=True):
 
     def _setup_common(self, family: str, task: str, input_shape: Sequence[int], options: dict[str, Any],
                       mri_fraction: float, ct_angles: int, noise_std: float, lr_schedule: str,
-                      lr_scheduler: Any) -> None:
+                      lr_scheduler: Any, ct_support: bool = True) -> None:
         if family not in FAMILIES:
             raise ConfigError(f"family must be one of {list(FAMILIES)}, got {family!r}")
         shape = tuple(int(s) for s in input_shape)
@@ -247,6 +247,12 @@ class _SignalTask(PaperTask, abstract=True):
         self.family, self.task, self.options = family, task, options
         self.noise_std, self.lr_schedule = noise_std, lr_schedule
         self.operator = make_operator(task, self.H, self.W, mri_fraction, ct_angles, seed=options.get("seed", 0))
+        support = support_disc(self.H, self.W) if task == "ct" and ct_support else torch.ones(self.H, self.W)
+        self.register_buffer("support", support[None, :, :, None], persistent=False)
+
+    def render(self, field: SignalField) -> Tensor:
+        """The field's signal ``(S, H, W, C)``, restricted to the CT field of view (a disc) for ``ct``."""
+        return field() * self.support if self.task == "ct" else field()
 
     def _check_batch(self, batch: Any) -> tuple[Tensor, Tensor]:
         signals, calib = batch[0], batch[1]
@@ -315,6 +321,9 @@ class SignalFit(_SignalTask):
             size), hash_hidden: the hash encoding and decoder.
         init_seed: seed of the initialisation (hash tables, CP factors, Gaussian frequencies).
         mri_fraction, ct_angles, noise_std: the inverse problems (noise relative to the RMS of y).
+        ct_support: restrict CT reconstructions to the scanner's field of view (the inscribed disc, where
+            every angle sees the object); outside it the grid nodes are barely measured and least squares
+            puts arbitrary values there.
         lr_schedule: ``cosine``: the rate decays from the optimizer's to 1 % over each epoch; ``constant``.
         optimizer, lr_scheduler: Adam at 1e-2 by default.
     """
@@ -340,6 +349,7 @@ class SignalFit(_SignalTask):
         init_seed: int = 0,
         mri_fraction: float = 0.25,
         ct_angles: int = 45,
+        ct_support: bool = True,
         noise_std: float = 0.0,
         lr_schedule: Literal["cosine", "constant"] = "cosine",
         optimizer: OptimizerCallable = lambda p: torch.optim.Adam(p, lr=1e-2),
@@ -349,18 +359,18 @@ class SignalFit(_SignalTask):
         opts = _options(fourier_frequencies, fourier_scale, fourier_hidden, hash_levels, hash_features,
                         hash_base_resolution, hash_finest_resolution, hash_hidden, init_seed, family, input_shape[1])
         self._setup_common(family, task, input_shape, opts, mri_fraction, ct_angles, noise_std, lr_schedule,
-                           lr_scheduler)
+                           lr_scheduler, ct_support)
         self.field = make_field(family, level, self.S, self.H, self.W, self.C, **opts)
 
     def forward(self) -> Tensor:
-        return self.field()
+        return self.render(self.field)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._apply_lr_schedule(batch_idx)
 
     def step(self, batch: Any, stage: Stage) -> StepOutput:
         signals, _ = self._check_batch(batch)
-        fit = self.field()
+        fit = self.render(self.field)
         loss = self.data_loss(fit, self.measurements(signals))
         err = rms(fit.detach() - signals)
         psnr = (20 * torch.log10(1.0 / err.clamp_min(1e-12))).mean()
@@ -394,8 +404,8 @@ class CompressionLadder(_SignalTask):
     ladder needs two fitted levels for the bound and three for the signal-specific prediction.
 
     Args:
-        family, task, input_shape, fourier_*, hash_*, init_seed, mri_fraction, ct_angles, noise_std,
-        lr_schedule, optimizer, lr_scheduler: see ``SignalFit``.
+        family, task, input_shape, fourier_*, hash_*, init_seed, mri_fraction, ct_angles, ct_support,
+        noise_std, lr_schedule, optimizer, lr_scheduler: see ``SignalFit``.
         levels: strictly rising compression levels (default: the family's five for 128 x 128 signals).
         orthogonal: use the nested least-squares factor 1 / sqrt(1 - rho^2); None: when the family's fits are
             nested least squares in signal space (grid, linear Fourier, single-channel CP, with ``task=fit``).
@@ -427,6 +437,7 @@ class CompressionLadder(_SignalTask):
         init_seed: int = 0,
         mri_fraction: float = 0.25,
         ct_angles: int = 45,
+        ct_support: bool = True,
         noise_std: float = 0.0,
         lr_schedule: Literal["cosine", "constant"] = "cosine",
         optimizer: OptimizerCallable = lambda p: torch.optim.Adam(p, lr=1e-2),
@@ -447,7 +458,7 @@ class CompressionLadder(_SignalTask):
         opts = _options(fourier_frequencies, fourier_scale, fourier_hidden, hash_levels, hash_features,
                         hash_base_resolution, hash_finest_resolution, hash_hidden, init_seed, family, input_shape[1])
         self._setup_common(family, task, input_shape, opts, mri_fraction, ct_angles, noise_std, lr_schedule,
-                           lr_scheduler)
+                           lr_scheduler, ct_support)
         self.levels, self.rho_quantile = levels, rho_quantile
         self.fields = nn.ModuleList([make_field(family, lv, self.S, self.H, self.W, self.C, **opts) for lv in levels])
         self.orthogonal = (task == "fit" and is_nested_least_squares(self.fields[0])) if orthogonal is None else orthogonal
@@ -487,15 +498,15 @@ class CompressionLadder(_SignalTask):
     def fits(self) -> list[Tensor]:
         """The fitted levels' renderings ``[(S, H, W, C)]`` (no grad)."""
         with torch.no_grad():
-            return [f() for f in self.fields[: max(1, self.levels_done)]]
+            return [self.render(f) for f in self.fields[: max(1, self.levels_done)]]
 
     def step(self, batch: Any, stage: Stage) -> StepOutput:
         signals, calib = self._check_batch(batch)
         if stage == "train":
-            return StepOutput(self.data_loss(self.fields[self.active](), self.measurements(signals)), n=1)
+            return StepOutput(self.data_loss(self.render(self.fields[self.active]), self.measurements(signals)), n=1)
         k = max(0, self.levels_done - 1)
         with torch.no_grad():
-            fit = self.fields[k]()
+            fit = self.render(self.fields[k])
             loss = self.data_loss(fit, self.measurements(signals))
         err = rms(fit - signals)[~calib]
         inputs: dict[str, Any] = {

@@ -246,6 +246,35 @@ def test_parallel_beam_integrates_a_disc_to_its_chord_length():
     assert (sino.double().mean(0) - chord).abs().mean() < 0.005
 
 
+def test_parallel_beam_matrix_is_the_grid_sample_rotation():
+    """The sparse projection equals rotating with F.grid_sample (bilinear, zeros) and summing the rows."""
+    import torch.nn.functional as F
+
+    n, a = 32, 7
+    f = torch.rand(2, n, n, 1, generator=torch.Generator().manual_seed(6))
+    theta = torch.arange(a, dtype=torch.float64) * math.pi / a
+    c, s, z = torch.cos(theta), torch.sin(theta), torch.zeros(a, dtype=torch.float64)
+    mats = torch.stack([torch.stack([c, -s, z], 1), torch.stack([s, c, z], 1)], 1).float()
+    grid = F.affine_grid(mats, [a, 1, n, n], align_corners=False)
+    img = f.permute(0, 3, 1, 2).reshape(1, 2, n, n).expand(a, -1, -1, -1)
+    ref = F.grid_sample(img, grid, mode="bilinear", padding_mode="zeros", align_corners=False).sum(2) / n
+    out = ParallelBeam(n, n, a)(f)
+    assert torch.allclose(out, ref.reshape(a, 2, 1, n).permute(1, 0, 3, 2), atol=1e-5)
+    # the adjoint (autograd through the transposed matrix) satisfies <R f, g> = <f, R^T g>
+    f.requires_grad_(True)
+    g = torch.rand(out.shape)
+    (grad,) = torch.autograd.grad((ParallelBeam(n, n, a)(f) * g).sum(), f)
+    assert torch.allclose((out * g).sum(), (f * grad).sum(), rtol=1e-5)
+
+
+def test_ct_reconstructions_stay_in_the_field_of_view():
+    model = SignalFit(family="grid", level=5, task="ct", input_shape=(1, 16, 16, 1))
+    with torch.no_grad():
+        model.field.G.fill_(1.0)
+    out = model()[0, ..., 0]
+    assert float(out[0, 0]) == 0.0 and float(out[8, 8]) == 1.0
+
+
 def test_masked_fourier_is_orthonormal_on_its_mask():
     op = MaskedFourier(32, 32, fraction=0.25, seed=0)
     assert int(op.mask.sum()) == 256 and bool(op.mask[0, 0])
