@@ -156,13 +156,17 @@ def test_hash_encoding_matches_a_gather_loop():
         assert torch.allclose(enc[..., 2 * l : 2 * l + 2], ref, atol=1e-6)
 
 
-@pytest.mark.parametrize("family,lo,hi", [("grid", 5, 9), ("fourier", 8, 30), ("hash", 6, 9), ("cp", 2, 5)])
-def test_warm_start_reproduces_the_coarser_fit(family, lo, hi):
-    coarse = make_field(family, lo, 2, 24, 24, 1, finest_resolution=24) if family == "hash" else make_field(family, lo, 2, 24, 24, 1)
+WARM = [("grid", 5, 9, {}), ("fourier", 8, 30, {}), ("fourier", 8, 30, {"frequencies": "gaussian", "hidden": [8]}),
+        ("hash", 6, 9, {"finest_resolution": 24}), ("cp", 2, 5, {})]
+
+
+@pytest.mark.parametrize("family,lo,hi,opts", WARM, ids=["grid", "fourier", "fourier_mlp", "hash", "cp"])
+def test_warm_start_reproduces_the_coarser_fit(family, lo, hi, opts):
+    coarse = make_field(family, lo, 2, 24, 24, 1, **opts)
     with torch.no_grad():
         for p in coarse.parameters():
             p.normal_()
-    fine = make_field(family, hi, 2, 24, 24, 1, finest_resolution=24) if family == "hash" else make_field(family, hi, 2, 24, 24, 1)
+    fine = make_field(family, hi, 2, 24, 24, 1, **opts)
     fine.warm_start(coarse)
     assert torch.allclose(fine(), coarse(), atol=1e-5)
 
