@@ -266,7 +266,30 @@ def digits_images(size: int = 16) -> Tensor:
 
 
 # --- the ladder's signal sets ------------------------------------------------------------------------------
-SignalKind = Literal["procedural", "images", "mixed", "phantom"]
+SignalKind = Literal["procedural", "images", "mixed", "phantom", "hub"]
+KODAK_HUB_ID = "Freed-Wu/kodak"  # the 24 Kodak photos (768 x 512 RGB), split "test", column "image"
+HUB_DEFAULT = "configs/compression_error/grid_ladder.yaml (procedural fields + scikit-learn's photos, kind: mixed)"
+
+
+def hub_images(hub_id: str = KODAK_HUB_ID, size: int = 256, split: str = "test", column: str = "image") -> Tensor:
+    """Every image of a hub image set as grayscale ``(N, size, size, 1)`` in [0, 1]: the centred square crop
+    of the shorter side, area-resampled (the paper-scale natural images; fails offline with one line naming
+    the embedded default)."""
+    from datamodules.hub import load_hub_dataset
+
+    _require_pillow()
+    ds = load_hub_dataset(hub_id, HUB_DEFAULT, split=split)
+    if column not in ds.column_names:
+        raise ConfigError(f"hub data set {hub_id!r} has no column {column!r} (columns: {ds.column_names})")
+    out = []
+    for img in ds[column]:
+        rgb = torch.tensor(np.asarray(img.convert("RGB"), dtype=np.float64)) / 255.0
+        h, w = rgb.shape[:2]
+        c = min(h, w)
+        r0, c0 = (h - c) // 2, (w - c) // 2
+        gray = rgb[r0 : r0 + c, c0 : c0 + c] @ torch.tensor([0.299, 0.587, 0.114], dtype=torch.float64)
+        out.append(area_resize(gray[..., None], size).float().clamp(0, 1))
+    return torch.stack(out)
 
 
 def _image_crops(seed: int, size: int) -> dict[str, list[Tensor]]:
@@ -283,7 +306,8 @@ def _image_crops(seed: int, size: int) -> dict[str, list[Tensor]]:
     return out
 
 
-def ladder_signals(kind: SignalKind, size: int, seed: int, n_test: int, n_calib: int) -> tuple[Tensor, Tensor]:
+def ladder_signals(kind: SignalKind, size: int, seed: int, n_test: int, n_calib: int,
+                   hub_id: str = KODAK_HUB_ID) -> tuple[Tensor, Tensor]:
     """The test and calibration signals of one ladder run: ``(test (n_test, H, W, 1), calib (n_calib, ...))``.
 
     - ``procedural``: fields of seeds ``1000 seed + i`` (test) and ``1000 seed + 500 + i`` (calibration);
@@ -291,7 +315,9 @@ def ladder_signals(kind: SignalKind, size: int, seed: int, n_test: int, n_calib:
     - ``images``: the two photos (one crop each for test, the disjoint other crop for calibration), topped
       up with procedural fields when more signals are asked for;
     - ``mixed``: procedural fields first, then the two photos' crops (test: n_test - 2 procedural + the
-      two test crops; calibration: n_calib - 2 procedural + the two calibration crops).
+      two test crops; calibration: n_calib - 2 procedural + the two calibration crops);
+    - ``hub``: images of the hub set ``hub_id`` (``hub_images``), a seeded permutation split into
+      calibration and test images (paper scale: Kodak at 256 x 256).
     """
     if n_test < 1 or n_calib < 0:
         raise ConfigError(f"need n_test >= 1 and n_calib >= 0, got {n_test}, {n_calib}")
@@ -306,8 +332,14 @@ def ladder_signals(kind: SignalKind, size: int, seed: int, n_test: int, n_calib:
         ph = [ellipse_phantom(size, 1000 * seed + i) for i in range(n_test)]
         pc = [ellipse_phantom(size, 1000 * seed + 500 + i) for i in range(n_calib)]
         return torch.stack(ph), torch.stack(pc) if pc else torch.zeros(0, size, size, 1)
+    if kind == "hub":
+        imgs = hub_images(hub_id, size)
+        if n_test + n_calib > len(imgs):
+            raise ConfigError(f"{hub_id!r} holds {len(imgs)} images; n_test + n_calib = {n_test + n_calib}")
+        order = torch.randperm(len(imgs), generator=torch.Generator().manual_seed(int(seed)))
+        return imgs[order[n_calib : n_calib + n_test]], imgs[order[:n_calib]]
     if kind not in ("images", "mixed"):
-        raise ConfigError(f"kind must be one of procedural, images, mixed, phantom; got {kind!r}")
+        raise ConfigError(f"kind must be one of procedural, images, mixed, phantom, hub; got {kind!r}")
     crops = _image_crops(seed, size)
     if kind == "images":
         test = crops["test"][:n_test] + [proc(i) for i in range(max(0, n_test - 2))]
@@ -328,13 +360,16 @@ class SignalLadderDataModule(TensorDataModule):
     (full-batch fitting); val and test are the batch once. ``input_shape`` is ``(S, H, W, 1)``.
 
     Args:
-        kind: ``procedural``, ``images`` (scikit-learn's photos; needs Pillow), ``mixed`` (both) or
-            ``phantom`` (ellipse phantoms, for the MRI/CT analogs). See ``ladder_signals``.
+        kind: ``procedural``, ``images`` (scikit-learn's photos; needs Pillow), ``mixed`` (both),
+            ``phantom`` (ellipse phantoms, for the MRI/CT analogs) or ``hub`` (the paper-scale natural
+            images ``hub_id`` from the Hugging Face hub; fails offline naming the embedded default). See
+            ``ladder_signals``.
         size: side H = W of every signal (photos are 256-crops resampled to it).
         n_test, n_calib: how many test and calibration signals.
         steps_per_epoch: optimiser steps per epoch.
         seed: seed of the signals; None: the run's ``seed_everything`` (so a sweep's ``seeds:`` draws new
             signals), 0 outside the CLI.
+        hub_id: the hub image set for ``kind: hub`` (default: the 24 Kodak photos).
     """
 
     dataset_name = "signals2d"
@@ -347,27 +382,28 @@ class SignalLadderDataModule(TensorDataModule):
         n_calib: int = 3,
         steps_per_epoch: int = 300,
         seed: int | None = None,
+        hub_id: str = KODAK_HUB_ID,
     ) -> None:
         if seed is None:  # Lightning's seed_everything (run by the CLI before the data is built) sets it
             seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         super().__init__(batch_size=1, seed=seed)
-        if kind not in ("procedural", "images", "mixed", "phantom"):
-            raise ConfigError(f"kind must be one of procedural, images, mixed, phantom; got {kind!r}")
+        if kind not in ("procedural", "images", "mixed", "phantom", "hub"):
+            raise ConfigError(f"kind must be one of procedural, images, mixed, phantom, hub; got {kind!r}")
         if size < 4:
             raise ConfigError(f"size must be at least 4, got {size}")
         if steps_per_epoch < 1:
             raise ConfigError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
         if n_test < 1 or n_calib < 0:
             raise ConfigError(f"need n_test >= 1 and n_calib >= 0, got {n_test}, {n_calib}")
-        if kind in ("images", "mixed"):
+        if kind in ("images", "mixed", "hub"):
             _require_pillow()
-        self.kind, self.size, self.n_test, self.n_calib = kind, size, n_test, n_calib
+        self.kind, self.size, self.n_test, self.n_calib, self.hub_id = kind, size, n_test, n_calib, hub_id
         self.steps_per_epoch = steps_per_epoch
         self.dataset_name = f"signals2d_{kind}"
 
     def signals(self) -> tuple[Tensor, Tensor]:
         """``(signals (S, H, W, 1), calib (S,) bool)``: calibration signals first."""
-        test, calib = ladder_signals(self.kind, self.size, self.seed, self.n_test, self.n_calib)
+        test, calib = ladder_signals(self.kind, self.size, self.seed, self.n_test, self.n_calib, self.hub_id)
         sig = torch.cat([calib, test])
         mask = torch.cat([torch.ones(len(calib), dtype=torch.bool), torch.zeros(len(test), dtype=torch.bool)])
         return sig, mask

@@ -1,4 +1,5 @@
-"""datamodules/signals.py: determinism, ranges, the photos' grayscale crops, phantoms, shapes2d, the DataModules."""
+"""datamodules/signals.py: determinism, ranges, the photos' grayscale crops, phantoms, shapes2d, the hub path,
+the DataModules."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from datamodules.signals import (
     SignalLadderDataModule,
     digits_images,
     ellipse_phantom,
+    hub_images,
     ladder_signals,
     procedural_field,
     sample_image,
@@ -121,3 +123,39 @@ def test_bad_input():
         SignalLadderDataModule(steps_per_epoch=0)
     with pytest.raises(ConfigError, match="dataset must be"):
         ImageSetDataModule("cifar")
+
+
+class _FakeHubSet:
+    """What ``datasets`` returns for an image set: a column of PIL images."""
+
+    def __init__(self, images):
+        self.column_names = ["image"]
+        self._images = images
+
+    def __getitem__(self, key):
+        assert key == "image"
+        return self._images
+
+
+def test_hub_images_are_grayscale_centre_crops(monkeypatch):
+    from PIL import Image
+
+    import datamodules.hub
+
+    rgb = np.zeros((6, 10, 3), dtype=np.uint8)
+    rgb[:, 2:8] = (255, 0, 0)  # the centred 6 x 6 square is pure red, the rest black
+    monkeypatch.setattr(datamodules.hub, "load_hub_dataset", lambda *a, **k: _FakeHubSet([Image.fromarray(rgb)] * 3))
+    out = hub_images("some/images", size=3)
+    assert out.shape == (3, 3, 3, 1)
+    assert torch.allclose(out, torch.full_like(out, 0.299), atol=1e-6)  # the luma of red, no black border
+    test, calib = ladder_signals("hub", 3, seed=0, n_test=2, n_calib=1, hub_id="some/images")
+    assert test.shape == (2, 3, 3, 1) and calib.shape == (1, 3, 3, 1)
+    with pytest.raises(ConfigError, match="holds 3 images"):
+        ladder_signals("hub", 3, seed=0, n_test=3, n_calib=1, hub_id="some/images")
+
+
+def test_hub_signals_offline_name_the_embedded_default(paperlab_tmp):
+    # paperlab_tmp sets HF_HUB_OFFLINE / HF_DATASETS_OFFLINE: the hub is unreachable
+    dm = SignalLadderDataModule(kind="hub", size=16, n_test=1, n_calib=1, seed=0)
+    with pytest.raises(Exception, match="Use the embedded default instead: configs/compression_error/grid_ladder.yaml"):
+        dm.setup()

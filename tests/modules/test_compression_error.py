@@ -1,5 +1,5 @@
 """Paper 000-13 (compression-level error prediction): fits against direct solves and closed forms, the bound's
-algebra, hashing against a loop, warm starts, measurement operators, CLI, bad input, the claims (slow)."""
+algebra, hashing against a loop, warm starts, measurement operators, CLI, bad input."""
 
 from __future__ import annotations
 
