@@ -54,6 +54,16 @@ class MemoryKernels(Protocol):
     def memory_kernels(self, batch: Any) -> list[Tensor]: ...
 
 
+class ErrorLadder(Protocol):
+    """Compression ladders: true errors, bounds and predictions of every fitted level on a batch of signals.
+
+    Returns ``{"levels", "true" (S, n), "calib" (S,), "d", "bound", "pred_self", "pred_calib" (S, n - 1),
+    "summary" {name: value}, "maps" {"true", "pred"} (n - 1, H, W)}`` (``d`` onward only when n >= 2).
+    """
+
+    def error_ladder(self, batch: Any) -> dict[str, Any]: ...
+
+
 class ClientRound(NamedTuple):
     """One federated round as the server saw it (flat parameter vectors of length P).
 

@@ -1,0 +1,128 @@
+"""``ErrorLadderCallback``: the compression ladder's true errors, bounds and predictions after every level.
+
+After each epoch (one level of a ``CompressionLadder``) it asks the module for ``error_ladder(batch)``
+(``callbacks.protocols.ErrorLadder``) on the signals just trained on and logs, averaged over the test
+signals, ``diag/error_ladder/true_<k>`` (RMS error of level k against the truth), ``bound_<k>``
+(d_k factor(rho_calib)), ``pred_<k>`` (the signal-specific prediction), ``rho_calib``, ``coverage`` and
+``tightness`` as far as the levels fitted so far allow. At fit end it logs the figure
+``figures/error_ladder.png`` (error curves of every test signal; true and predicted local error maps of the
+first) and the table ``tables/error_ladder.csv`` (one row per signal and level).
+
+The signals are the same on every rank (the ladder does not shard them), so nothing is reduced.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import lightning as L
+
+from callbacks.diagnostic import Diagnostic, Moment, Schedule
+from callbacks.figures import log_artifact_bytes, mlflow_logger
+from callbacks.protocols import ErrorLadder
+
+
+class ErrorLadderCallback(Diagnostic):
+    """Logs the ladder table after every level (see the module docstring).
+
+    Args:
+        schedule: when to measure (default: after every epoch, i.e. every level).
+        table: log ``tables/error_ladder.csv`` at fit end.
+        if_unsupported, plot, max_history: see ``Diagnostic``.
+    """
+
+    name = "error_ladder"
+    requires = (ErrorLadder,)
+
+    def __init__(
+        self,
+        schedule: Schedule | None = None,
+        table: bool = True,
+        if_unsupported: Literal["error", "skip"] = "error",
+        plot: bool = True,
+        max_history: int = 10_000,
+    ) -> None:
+        super().__init__(schedule or Schedule(at_fit_start=False, every_n_epochs=1), if_unsupported, plot, max_history)
+        self.table = table
+        self.last: dict[str, Any] | None = None
+
+    def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any] | None:
+        batch = moment.batch if moment.batch is not None else self._batch
+        if batch is None:
+            return None
+        ladder = pl_module.error_ladder(batch)
+        self.last = ladder
+        out: dict[str, Any] = {}
+        for k, row in enumerate(ladder["per_level"]):
+            for key in ("true", "bound", "pred"):
+                if math.isfinite(row[key]):
+                    out[f"{key}_{k}"] = row[key]
+        summary = ladder["summary"]
+        for key, name in (("rho_calib", "rho_calib"), ("bound_coverage", "coverage"), ("tightness", "tightness")):
+            if key in summary and math.isfinite(summary[key]):
+                out[name] = summary[key]
+        return out
+
+    def table_csv(self) -> str | None:
+        """One row per (signal, level) of the last measurement."""
+        lad = self.last
+        if lad is None:
+            return None
+        rows = ["signal,role,level,true_rmse,d,bound,pred_self,pred_calib"]
+        true, calib = lad["true"], lad["calib"]
+        n = true.shape[1]
+        for s in range(true.shape[0]):
+            for k in range(n):
+                extra = ["", "", "", ""]
+                if k < n - 1 and "d" in lad:
+                    extra = [f"{float(lad[key][s, k]):.6g}" for key in ("d", "bound", "pred_self", "pred_calib")]
+                role = "calib" if bool(calib[s]) else "test"
+                rows.append(",".join([str(s), role, str(lad["levels"][k]), f"{float(true[s, k]):.6g}", *extra]))
+        return "\n".join(rows) + "\n"
+
+    def figure(self) -> Any | None:
+        lad = self.last
+        if lad is None or "d" not in lad:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        true, calib, levels = lad["true"], lad["calib"], lad["levels"]
+        test = (~calib).nonzero().squeeze(1).tolist()
+        n = true.shape[1]
+        maps = lad.get("maps")
+        n_maps = 0 if maps is None else maps["true"].shape[0]
+        fig, axes = plt.subplots(1, 1 + 2 * min(n_maps, 2), figsize=(4 + 3 * 2 * min(n_maps, 2), 3.6))
+        axes = list(axes) if hasattr(axes, "__len__") else [axes]
+        ax = axes[0]
+        for i, s in enumerate(test):
+            c = f"C{i}"
+            ax.plot(levels, true[s].tolist(), "o-", color=c, label="true" if i == 0 else None)
+            ax.plot(levels[: n - 1], lad["bound"][s].tolist(), "^--", color=c, alpha=0.7, label="bound" if i == 0 else None)
+            ax.plot(levels[: n - 1], lad["pred_self"][s].tolist(), "s:", color=c, alpha=0.7, label="pred" if i == 0 else None)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("level")
+        ax.set_ylabel("RMS error")
+        ax.set_title(f"rho_calib = {lad['rho_calib']:.3f}")
+        ax.legend(fontsize=8)
+        for j in range(min(n_maps, 2)):
+            k = n_maps - 1 - j  # the finest two predicted levels
+            for a, key in zip(axes[1 + 2 * j : 3 + 2 * j], ("true", "pred")):
+                a.imshow(maps[key][k].cpu().numpy(), cmap="magma")
+                a.set_title(f"{key} |error|, level {levels[k]}", fontsize=9)
+                a.axis("off")
+        fig.tight_layout()
+        return fig
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_fit_end(trainer, pl_module)
+        if not (self.active and self.table and trainer.is_global_zero):
+            return
+        text = self.table_csv()
+        logger = mlflow_logger(trainer)
+        if text is not None and logger is not None:
+            log_artifact_bytes(logger, text, "tables/error_ladder.csv")
