@@ -54,6 +54,7 @@ class MemoryKernels(Protocol):
     def memory_kernels(self, batch: Any) -> list[Tensor]: ...
 
 
+@runtime_checkable
 class ErrorLadder(Protocol):
     """Compression ladders: true errors, bounds and predictions of every fitted level on a batch of signals.
 
