@@ -1,5 +1,9 @@
 """The claims of paper 000-02 as docs/papers/residual_can.md checks them, re-run from the stage-2 sweep files (slow).
 
+Claims 1-2 did not reproduce at the claim budget: their slow test checks that the paper's statement fails and
+that what the docs report instead holds. Claims 3-4 were not run to the end; their slow tests check the
+issue's statements and have not been run.
+
 Each test runs one evaluation sweep (seeds 1, 2, 3; the lr of every arm was picked by its ``*_lr_sweep.yaml`` at
 seed 0) in process into this test's fresh MLflow store, groups the runs as ``python main.py compare`` does, and
 checks the statement of the issue: the functions ``check_*`` are the claims, written once, applied to the
@@ -70,12 +74,25 @@ def test_check_ablation_accepts_the_claim_and_refuses_its_negations():
             check_ablation(bad)
 
 
+def check_ablation_as_found(gain: dict[str, float]) -> None:
+    """What docs/papers/residual_can.md reports at the claim budget (500 steps): ResidualCAN is below the SiLU
+    MLP but by less than 100x, the CauchyAct MLP without the residual keeps more than half of that gain on a log
+    scale, and Gaussian bumps do not improve on the CauchyAct MLP."""
+    assert 1 < gain["residual_can"] < 100, gain
+    assert math.log(gain["cauchy_mlp"]) >= 0.5 * math.log(gain["residual_can"]), gain
+    assert gain["gaussian_bumps"] <= gain["cauchy_mlp"], gain
+
+
 @pytest.mark.slow
 def test_claims_1_2_ablation(paperlab_tmp: Path):
+    """The paper's statement does not hold at this budget; what the docs report instead does."""
     run_sweep("ablation")
     means = group_means("ablation", "test/rel_l2", ABL_BY)
     assert {RCAN, SILU, CAUCHY_MLP, GAUSS} <= set(means) and all(m[2] == 3 for m in means.values()), means
-    check_ablation(ablation_gains(means))
+    gain = ablation_gains(means)
+    with pytest.raises(AssertionError):
+        check_ablation(gain)
+    check_ablation_as_found(gain)
 
 
 # --- claim 3: the loss-activation factorial at the trapped eps ---------------------------------------------------
