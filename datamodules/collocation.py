@@ -1,0 +1,113 @@
+"""Collocation points for PINNs on an interval (paper 000-02): fresh points every step, a fixed evaluation grid.
+
+Training batches are ``(x (n_collocation, 1),)`` drawn i.i.d. uniform on ``[low, high]`` at every step
+(``modules.components.pde.CollocationSampler``); the stream is a pure function of ``(seed, epoch)``, so a run
+resumed from an epoch-end checkpoint sees the points an uninterrupted run would. Under DDP every rank draws
+the same global batch and keeps positions ``rank, rank + world, ...``: the union of the ranks' points is the
+single-process batch. Validation and test batches are the ``n_eval`` equispaced grid points (both ends
+included); the task evaluates the exact solution on them.
+
+The data carries no PDE: the task owns the equation, its boundary data and ``u*``, so the two can never
+disagree about eps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from datamodules.base import BatchedTensorLoader, PaperlabDataModule
+from errors import ConfigError
+from modules.components.pde import CollocationSampler, uniform_grid
+
+
+class _SetEpoch:
+    """What Lightning's ``_set_sampler_epoch`` looks for (``loader.sampler.set_epoch``)."""
+
+    def __init__(self, loader: FreshPointsLoader) -> None:
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.epoch = epoch
+
+
+class FreshPointsLoader:
+    """``steps`` batches of fresh uniform points per epoch, ``(x,)`` with ``x (n / world, dim)`` on each rank."""
+
+    def __init__(self, points: CollocationSampler, steps: int, rank: int = 0, world_size: int = 1) -> None:
+        if steps <= 0:
+            raise ConfigError(f"steps_per_epoch must be positive, got {steps}")
+        if points.n < world_size:
+            raise ConfigError(f"n_collocation={points.n} is smaller than the number of processes ({world_size})")
+        self.points, self.steps, self.rank, self.world_size = points, steps, rank, world_size
+        self.epoch = 0
+        self.sampler = _SetEpoch(self)  # Lightning calls loader.sampler.set_epoch(epoch)
+        self.batch_sampler = None  # Lightning's loader inspection reads it
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[tuple[Tensor]]:
+        self.points.reseed(self.epoch)
+        for _ in range(self.steps):
+            x = self.points()
+            yield (x[self.rank :: self.world_size] if self.world_size > 1 else x,)
+
+
+class CollocationDataModule(PaperlabDataModule):
+    """Fresh collocation points on ``[low, high]`` (training) and an equispaced grid (validation, test).
+
+    Args:
+        n_collocation: points per training step (global over ranks).
+        n_eval: grid points for validation and test (both ends included).
+        steps_per_epoch: training steps per epoch (one validation per epoch).
+        low, high: the interval.
+        eval_batch_size: grid points per evaluation batch.
+        seed: seed of the point stream (default: the run's ``seed_everything``, so seeds replicate the points too).
+    """
+
+    dataset_name = "collocation"
+
+    def __init__(self, n_collocation: int = 2048, n_eval: int = 4096, steps_per_epoch: int = 250, low: float = -1.0,
+                 high: float = 1.0, eval_batch_size: int = 4096, seed: int | None = None) -> None:
+        super().__init__()
+        if n_collocation <= 0 or eval_batch_size <= 0:
+            raise ConfigError(f"n_collocation and eval_batch_size must be positive, got {n_collocation}, {eval_batch_size}")
+        if steps_per_epoch <= 0:
+            raise ConfigError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
+        seed = int(torch.initial_seed()) % (2**31) if seed is None else seed
+        self.sampler = CollocationSampler(n_collocation, low, high, dim=1, seed=seed)  # checks the interval
+        self.grid = uniform_grid(n_eval, low, high)
+        self.n_collocation, self.n_eval, self.steps_per_epoch = n_collocation, n_eval, steps_per_epoch
+        self.low, self.high, self.eval_batch_size, self.seed = low, high, eval_batch_size, seed
+
+    def _world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
+
+    def train_dataloader(self) -> FreshPointsLoader:
+        rank, world = self._world()
+        return FreshPointsLoader(self.sampler, self.steps_per_epoch, rank, world)
+
+    def _grid_loader(self) -> BatchedTensorLoader:
+        rank, world = self._world()
+        return BatchedTensorLoader((self.grid,), self.eval_batch_size, rank=rank, world_size=world)
+
+    def val_dataloader(self) -> BatchedTensorLoader:
+        return self._grid_loader()
+
+    def test_dataloader(self) -> BatchedTensorLoader:
+        return self._grid_loader()
+
+    def predict_dataloader(self) -> BatchedTensorLoader:
+        return self._grid_loader()
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (1,)
+
+    @property
+    def num_features(self) -> int:
+        return 1

@@ -1,0 +1,314 @@
+"""ResidualCAN / Cauchy co-design (000-02): the functional API against sympy, the tasks, bad input, the CLI, claims."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import sympy as sp
+import torch
+import yaml
+
+from datamodules.gmm_score import mixture_params, ou_mixture_score
+from errors import ConfigError
+from main import cli_main
+from modules.components.local_basis import ActMLP, CauchyAct, CauchyNodes
+from modules.residual_can import (
+    CauchyPINN,
+    CauchyScoreNet,
+    FourierFeatureNet,
+    SirenNet,
+    allen_cahn_residual,
+    build_network,
+    n_parameters,
+    score_fp_residual,
+)
+from tests.helpers import REPO, TINY, runs_of
+
+X_SYM, T_SYM = sp.symbols("x t")
+
+
+def _points(n: int = 64, dtype=torch.float64, lo: float = -1.0, hi: float = 1.0, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (lo + (hi - lo) * torch.rand(n, 1, generator=g, dtype=torch.float64)).to(dtype)
+
+
+# --- allen_cahn_residual ------------------------------------------------------------------------------------
+def test_allen_cahn_residual_matches_sympy_for_a_non_solution():
+    eps = 0.3
+    u_sym = sp.sin(2 * X_SYM) + sp.Rational(3, 10) * X_SYM**2 + sp.exp(-X_SYM) / 4
+    r_sym = eps**2 * sp.diff(u_sym, X_SYM, 2) + u_sym - u_sym**3
+    r_np = sp.lambdify(X_SYM, r_sym, "math")
+    x = _points()
+    r = allen_cahn_residual(lambda z: torch.sin(2 * z) + 0.3 * z**2 + torch.exp(-z) / 4, x, eps)
+    expected = torch.tensor([r_np(float(v)) for v in x[:, 0]], dtype=torch.float64)
+    assert r.shape == (64,) and r.dtype == torch.float64
+    assert torch.allclose(r, expected, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("eps", [1.0, 0.3, 0.05, 0.02])
+def test_allen_cahn_residual_vanishes_for_the_exact_solution(eps):
+    x = _points(256)
+    r = allen_cahn_residual(lambda z: torch.tanh(z / (math.sqrt(2) * eps)), x, eps)
+    # each term is O(1); float64 rounding of tanh'' scales like 1 / eps^2 * eps^2
+    assert r.abs().max() < 1e-12
+
+
+def test_allen_cahn_residual_keeps_the_graph_and_the_dtype():
+    a = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    x = _points(32)
+    eps = 0.5
+    r = allen_cahn_residual(lambda z: a * torch.sin(z), x, eps)  # (N, 1) -> (N, 1)
+    r.sum().backward()
+    # d/da sum_i [eps^2 (-a sin x_i) + a sin x_i - a^3 sin^3 x_i], from sympy
+    a_s = sp.Symbol("a")
+    dr = sp.lambdify((X_SYM, a_s), sp.diff(eps**2 * -a_s * sp.sin(X_SYM) + a_s * sp.sin(X_SYM) - (a_s * sp.sin(X_SYM)) ** 3, a_s))
+    expected = sum(dr(float(v), 0.7) for v in x[:, 0])
+    assert a.grad is not None and abs(a.grad.item() - expected) < 1e-10
+    # u returning (N,) is accepted; float32 points give float32 residuals
+    r32 = allen_cahn_residual(lambda z: torch.tanh(z).reshape(-1), x.float(), 1.0)
+    assert r32.dtype == torch.float32 and r32.shape == (32,)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, float("nan"), float("inf")])
+def test_allen_cahn_residual_rejects_bad_eps(bad):
+    with pytest.raises(ConfigError, match="eps"):
+        allen_cahn_residual(torch.tanh, _points(4), bad)
+
+
+def test_allen_cahn_residual_rejects_bad_points():
+    with pytest.raises(ConfigError, match=r"\(N, 1\)"):
+        allen_cahn_residual(torch.tanh, torch.zeros(4, 2, dtype=torch.float64), 1.0)
+    with pytest.raises(ConfigError, match=r"\(N, 1\)"):
+        allen_cahn_residual(torch.tanh, torch.zeros(4, dtype=torch.float64), 1.0)
+    x = _points(4)
+    x[2, 0] = float("nan")
+    with pytest.raises(ConfigError, match="NaN or infinite"):
+        allen_cahn_residual(torch.tanh, x, 1.0)
+    with pytest.raises(ConfigError, match=r"or \(N,\) values"):
+        allen_cahn_residual(lambda z: z.repeat(1, 3), _points(4), 1.0)
+
+
+# --- score_fp_residual --------------------------------------------------------------------------------------
+def _fp_residual_sympy(s_exprs: list, xs: list) -> list:
+    """d_t s - grad_x(div s + |s|^2 + x . s), symbolically."""
+    phi = sum(sp.diff(s_i, x_i) for s_i, x_i in zip(s_exprs, xs))
+    phi += sum(s_i**2 for s_i in s_exprs) + sum(x_i * s_i for x_i, s_i in zip(xs, s_exprs))
+    return [sp.diff(s_i, T_SYM) - sp.diff(phi, x_i) for s_i, x_i in zip(s_exprs, xs)]
+
+
+def test_score_fp_residual_matches_sympy_in_1d():
+    s_sym = [-X_SYM * sp.exp(T_SYM) / 2 + sp.sin(X_SYM * T_SYM) + T_SYM**2 * X_SYM**3]
+    r_np = sp.lambdify((X_SYM, T_SYM), _fp_residual_sympy(s_sym, [X_SYM])[0], "math")
+    x, t = _points(50, lo=-2, hi=2), _points(50, lo=0, hi=1, seed=1)
+
+    def score(x_, t_):
+        return -x_ * torch.exp(t_) / 2 + torch.sin(x_ * t_) + t_**2 * x_**3
+
+    r = score_fp_residual(score, x, t)
+    expected = torch.tensor([[r_np(float(a), float(b))] for a, b in zip(x[:, 0], t[:, 0])], dtype=torch.float64)
+    assert r.shape == (50, 1) and torch.allclose(r, expected, atol=1e-10, rtol=1e-10)
+
+
+def test_score_fp_residual_matches_sympy_in_2d():
+    x1, x2 = sp.symbols("x1 x2")
+    s_sym = [x1 * x2 * T_SYM - x1, sp.sin(x1) + T_SYM * x2**2]
+    r_sym = _fp_residual_sympy(s_sym, [x1, x2])
+    r_np = [sp.lambdify((x1, x2, T_SYM), e, "math") for e in r_sym]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 2, generator=g, dtype=torch.float64)
+    t = torch.rand(40, 1, generator=g, dtype=torch.float64)
+
+    def score(x_, t_):
+        a, b = x_[:, :1], x_[:, 1:]
+        return torch.cat([a * b * t_ - a, torch.sin(a) + t_ * b**2], dim=1)
+
+    r = score_fp_residual(score, x, t)
+    expected = torch.tensor([[f(*map(float, (p[0], p[1], q[0]))) for f in r_np] for p, q in zip(x, t)],
+                            dtype=torch.float64)
+    assert r.shape == (40, 2) and torch.allclose(r, expected, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+def test_score_fp_residual_vanishes_for_the_exact_ou_score(dim):
+    means, stds, weights = mixture_params(dim)
+    g = torch.Generator().manual_seed(dim)
+    x = 2.5 * torch.randn(200, dim, generator=g, dtype=torch.float64)
+    t = 0.01 + 1.5 * torch.rand(200, 1, generator=g, dtype=torch.float64)
+
+    def score(x_, t_):
+        return ou_mixture_score(x_, t_, means, stds, weights)
+
+    r = score_fp_residual(score, x, t)
+    scale = score(x, t).abs().max() ** 2  # |s|^2 terms are the largest in the residual
+    assert r.abs().max() < 1e-10 * scale
+    # a wrong drift (the score of the OU process run twice as fast) is not a solution
+    r_wrong = score_fp_residual(lambda x_, t_: score(x_, 2 * t_), x, t)
+    assert r_wrong.abs().max() > 1e-2
+
+
+def test_score_fp_residual_keeps_dtype_and_graph():
+    net = ActMLP(3, 2, width=8, depth=1, activation="silu")
+    x, t = torch.randn(16, 2), torch.rand(16, 1)
+    r = score_fp_residual(lambda x_, t_: net(torch.cat([x_, t_], 1)), x, t)
+    assert r.dtype == torch.float32 and r.shape == (16, 2)
+    r.square().mean().backward()
+    assert all(p.grad is not None for p in net.parameters())
+
+
+def test_score_fp_residual_rejects_bad_input():
+    def s(x_, t_):
+        return x_ * t_
+
+    x, t = torch.randn(8, 2, dtype=torch.float64), torch.rand(8, 1, dtype=torch.float64)
+    with pytest.raises(ConfigError, match="t must be >= 0"):
+        score_fp_residual(s, x, -t)
+    with pytest.raises(ConfigError, match=r"\(N, 1\)"):
+        score_fp_residual(s, x, t[:, 0])
+    with pytest.raises(ConfigError, match="same number"):
+        score_fp_residual(s, x, t[:4])
+    bad = x.clone()
+    bad[0, 1] = float("inf")
+    with pytest.raises(ConfigError, match="NaN or infinite"):
+        score_fp_residual(s, bad, t)
+    with pytest.raises(ConfigError, match=r"must return \(N, d\)"):
+        score_fp_residual(lambda x_, t_: x_[:, :1], x, t)
+
+
+# --- networks and tasks -------------------------------------------------------------------------------------
+def test_residual_can_is_main_path_plus_softmax_weighted_cauchy_nodes():
+    torch.manual_seed(0)
+    net = build_network("residual_can", 1, 1, width=16, depth=2, n_nodes=32)
+    res = net.residual
+    assert isinstance(res, CauchyNodes) and res.n_nodes == 32 and res.scale.item() == pytest.approx(0.1)
+    assert torch.allclose(res.centres[:, 0], torch.linspace(-1, 1, 32))
+    with torch.no_grad():
+        res.logits.normal_()
+    x = _points(20, dtype=torch.float32)
+    # u = MLP_CauchyAct(x) + s sum_j softmax(a)_j (b1_j (x - c_j) + b2_j) / ((x - c_j)^2 + d_j^2), one node at a time
+    w = res.logits.softmax(0)
+    manual = net.main(x)[:, 0].clone()
+    for j in range(32):
+        dx = x[:, 0] - res.centres[j, 0]
+        manual += res.scale * w[j] * (res.b1[j, 0, 0] * dx + res.b2[j, 0]) / (dx**2 + res.widths[j] ** 2)
+    assert torch.allclose(net(x)[:, 0], manual, atol=1e-6)
+    assert all(isinstance(m, CauchyAct) for m in net.main.layers[1::2])
+
+
+@pytest.mark.parametrize("arch", ["mlp", "residual_can", "siren", "fourier", "kan"])
+def test_every_arch_has_a_second_derivative(arch):
+    m = CauchyPINN(arch=arch, activation="tanh" if arch == "fourier" else "cauchy", width=8, depth=2).double()
+    x = _points(16)
+    r, bc = m.terms(x)
+    assert r.shape == (16,) and bc.shape == (2,) and torch.isfinite(r).all()
+    (r.square().mean() + bc.square().mean()).backward()
+    assert sum(p.grad.abs().sum() for p in m.parameters() if p.grad is not None) > 0
+
+
+def test_siren_and_fourier_baselines():
+    siren = SirenNet(1, 1, width=8, depth=2, w0=30.0)
+    first = siren.layers[0]
+    assert first.weight.abs().max() <= 1.0 and siren.layers[1].w0 == 30.0
+    x = _points(5, dtype=torch.float32)
+    assert torch.allclose(siren.layers[1](first(x)), torch.sin(30.0 * first(x)))
+    ff = FourierFeatureNet(1, 1, n_features=4, sigma=2.0, activation="tanh")
+    z = 2 * math.pi * x @ ff.B.T
+    assert torch.allclose(ff(x), ff.mlp(torch.cat([torch.sin(z), torch.cos(z)], 1)))
+
+
+def _config_model(name: str) -> dict:
+    return yaml.safe_load((REPO / "configs/residual_can" / name).read_text())["model"]["init_args"]
+
+
+def test_residual_can_and_the_silu_mlp_of_the_configs_are_within_ten_percent_parameters():
+    rcan_args = _config_model("allen_cahn.yaml")
+    silu_args = _config_model("allen_cahn_silu.yaml")
+    keys = ("arch", "activation", "residual_basis", "width", "depth", "n_nodes")
+    rcan = CauchyPINN(**{k: v for k, v in rcan_args.items() if k in keys})
+    silu = CauchyPINN(**{k: v for k, v in silu_args.items() if k in keys})
+    assert silu_args["arch"] == "mlp" and silu_args["activation"] == "silu"
+    assert rcan_args["arch"] == "residual_can" and rcan_args.get("residual_basis", "cauchy") == "cauchy"
+    n_r, n_s = n_parameters(rcan.net), n_parameters(silu.net)
+    assert abs(n_r - n_s) <= 0.1 * n_s, (n_r, n_s)
+
+
+def test_pinn_step_metrics_on_the_exact_solution():
+    """A network that *is* u* has zero error and a residual at float64 rounding on the test grid."""
+
+    class Exact(torch.nn.Module):
+        def forward(self, x):
+            return torch.tanh(x / (math.sqrt(2) * 0.3))
+
+    m = CauchyPINN(eps=0.3, width=4, depth=1).double()
+    m.net = Exact()
+    x = torch.linspace(-1, 1, 101, dtype=torch.float64)[:, None]
+    out = m.step((x,), "test")
+    assert out.loss.item() < 1e-25
+    assert torch.allclose(out.preds, out.target)
+    assert out.inputs["residual_ms"][0] < 1e-25 and out.inputs["bc_ms"][0] < 1e-25
+
+
+def test_score_net_losses_at_the_exact_score():
+    """With s = the exact score the FP loss vanishes, and the DSM loss is its irreducible constant
+    E|sigma s* + z|^2 = d - E[sigma^2 |s*|^2] (Tweedie: E[z | x_t] = -sigma s*(x_t, t)), checked by Monte Carlo
+    within 4 standard errors."""
+    means, stds, weights = mixture_params(1)
+
+    def exact(x, t):
+        return ou_mixture_score(x, t, means, stds, weights)
+
+    g = torch.Generator().manual_seed(0)
+    n = 20_000
+    comp = torch.multinomial(weights, n, replacement=True, generator=g)
+    x0 = means[comp] + stds[comp, None] * torch.randn(n, 1, generator=g, dtype=torch.float64)
+    fp = CauchyScoreNet(loss="fp_pde", num_features=1).double()
+    fp.score = exact
+    out = fp.step((x0[:512], exact(x0[:512], torch.zeros(512, 1, dtype=torch.float64))), "train")
+    assert out.loss.item() < 1e-18
+    dsm = CauchyScoreNet(loss="dsm", num_features=1).double()
+    dsm.score = exact
+    t = 1e-3 + torch.rand(n, 1, generator=g, dtype=torch.float64)
+    z = torch.randn(n, 1, generator=g, dtype=torch.float64)
+    sigma2 = 1 - torch.exp(-2 * t)
+    x_t = torch.exp(-t) * x0 + sigma2.sqrt() * z
+    per_point = dsm.dsm_loss(x_t, t, z) - (1 - sigma2[:, 0] * exact(x_t, t).square().sum(1))
+    assert abs(per_point.mean()) < 4 * per_point.std() / n**0.5
+
+
+def test_bad_arguments_are_one_line_errors():
+    with pytest.raises(ConfigError, match="eps"):
+        CauchyPINN(eps=0.0)
+    with pytest.raises(ConfigError, match="eps"):
+        CauchyPINN(eps=-1.0, pde="burgers")
+    with pytest.raises(ConfigError, match="arch must be one of"):
+        CauchyPINN(arch="transformer")
+    with pytest.raises(ConfigError, match="loss must be one of"):
+        CauchyPINN(loss="l3")
+    with pytest.raises(ConfigError, match="pde must be one of"):
+        CauchyPINN(pde="heat")
+    with pytest.raises(ConfigError, match="activation must be one of"):
+        CauchyScoreNet(activation="swish")
+    with pytest.raises(ConfigError, match="t_min < t_max"):
+        CauchyScoreNet(t_min=1.0, t_max=0.5)
+    with pytest.raises(ConfigError, match="loss_scale"):
+        CauchyPINN(loss="cauchy", loss_scale=0.0)
+    m = CauchyPINN(width=4, depth=1)
+    x = _points(8, dtype=torch.float32)
+    x[0] = float("inf")
+    with pytest.raises(ConfigError, match="NaN or infinite"):
+        m.step((x,), "train")
+
+
+# --- CLI ----------------------------------------------------------------------------------------------------
+def test_fit_and_test_through_the_cli(paperlab_tmp: Path):
+    """fit + test of the default experiment (the other configs run in tests/test_cli.py)."""
+    path = str(REPO / "configs/residual_can/allen_cahn.yaml")
+    assert cli_main(["fit", "--config", path, *TINY]) == 0
+    assert cli_main(["test", "--config", path, *TINY, "--ckpt_path", "last"]) == 0
+    (run,) = runs_of("residual_can")
+    metrics = run.data.metrics
+    assert run.info.status == "FINISHED" and run.data.tags["paper_id"] == "000-02"
+    assert {"test/rel_l2", "test/n_params", "train/loss", "val/pde_loss", "test/max_abs", "test/residual_rms"} <= set(metrics)
+    assert metrics["test/n_params"] == 1320
+    assert any(k.startswith("diag/activation_params/net.residual/") for k in metrics)

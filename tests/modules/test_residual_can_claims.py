@@ -1,0 +1,153 @@
+"""The claims of paper 000-02 as docs/papers/residual_can.md checks them, re-run from the stage-2 sweep files (slow).
+
+Claims 1-2 did not reproduce at the claim budget: their slow test checks that the paper's statement fails and
+that what the docs report instead holds. Claims 3-4 were not run to the end; their slow tests check the
+issue's statements and have not been run.
+
+Each test runs one evaluation sweep (seeds 1, 2, 3; the lr of every arm was picked by its ``*_lr_sweep.yaml`` at
+seed 0) in process into this test's fresh MLflow store, groups the runs as ``python main.py compare`` does, and
+checks the statement of the issue: the functions ``check_*`` are the claims, written once, applied to the
+grouped means (mean, sample std, n over seeds). They are independent of any number obtained from a run.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from main import cli_main
+from sweeps.compare import compare
+from tests.helpers import REPO, client
+
+SWEEPS = REPO / "configs/residual_can"
+Stat = tuple[float, float, int]  # (mean, sample std, n) over seeds
+
+
+def group_means(sweep: str, metric: str, by: list[str]) -> dict[tuple[str, ...], Stat]:
+    """``{keys: (mean, std, n)}`` of ``metric`` over the FINISHED runs of ``sweep`` in this test's store."""
+    result = compare(client(), "residual_can", metric, by=by, sweep=sweep, mode="min")
+    # compare also splits by what else differs between the arms (their width, their tuned lr): one group per arm
+    out = {tuple(g.keys[: len(by)]): (g.mean, g.std, g.n) for g in result.groups}
+    assert len(out) == len(result.groups), [g.keys for g in result.groups]
+    return out
+
+
+def run_sweep(name: str) -> None:
+    assert cli_main(["sweep", "--config", str(SWEEPS / f"{name}_sweep.yaml"), "--in-process"]) == 0
+
+
+def welch_t(a: Stat, b: Stat) -> float:
+    """Welch's t of mean(a) - mean(b)."""
+    return (a[0] - b[0]) / math.sqrt(a[1] ** 2 / a[2] + b[1] ** 2 / b[2])
+
+
+# --- claims 1-2: ResidualCAN vs the SiLU MLP, and the ablation --------------------------------------------------
+ABL_BY = ["model.arch", "model.activation", "model.residual_basis"]
+RCAN, SILU = ("residual_can", "cauchy", "cauchy"), ("mlp", "silu", "none")
+CAUCHY_MLP, GAUSS = ("mlp", "cauchy", "none"), ("residual_can", "cauchy", "gaussian")
+
+
+def ablation_gains(means: dict[tuple[str, ...], Stat]) -> dict[str, float]:
+    """``mean rel-L2 of the SiLU MLP / mean rel-L2 of the arm`` for ResidualCAN and its two ablations."""
+    silu = means[SILU][0]
+    return {"residual_can": silu / means[RCAN][0], "cauchy_mlp": silu / means[CAUCHY_MLP][0],
+            "gaussian_bumps": silu / means[GAUSS][0]}
+
+
+def check_ablation(gain: dict[str, float]) -> None:
+    """ResidualCAN >= 100x below the SiLU MLP; without the residual most of the gain (on a log scale) goes;
+    Gaussian bumps instead of Cauchy nodes recover most of it."""
+    assert gain["residual_can"] >= 100, gain
+    log_gain = math.log(gain["residual_can"])
+    assert math.log(max(gain["cauchy_mlp"], 1e-300)) < 0.5 * log_gain, gain
+    assert math.log(max(gain["gaussian_bumps"], 1e-300)) >= 0.5 * log_gain, gain
+
+
+def test_check_ablation_accepts_the_claim_and_refuses_its_negations():
+    check_ablation({"residual_can": 1520.0, "cauchy_mlp": 3.0, "gaussian_bumps": 800.0})
+    for bad in ({"residual_can": 50.0, "cauchy_mlp": 3.0, "gaussian_bumps": 40.0},     # < 100x
+                {"residual_can": 1520.0, "cauchy_mlp": 100.0, "gaussian_bumps": 800.0},  # activation keeps most
+                {"residual_can": 1520.0, "cauchy_mlp": 3.0, "gaussian_bumps": 5.0}):     # bumps do not recover
+        with pytest.raises(AssertionError):
+            check_ablation(bad)
+
+
+def check_ablation_as_found(gain: dict[str, float]) -> None:
+    """What docs/papers/residual_can.md reports at the claim budget (500 steps): ResidualCAN is below the SiLU
+    MLP but by less than 100x, the CauchyAct MLP without the residual keeps more than half of that gain on a log
+    scale, and Gaussian bumps do not improve on the CauchyAct MLP."""
+    assert 1 < gain["residual_can"] < 100, gain
+    assert math.log(gain["cauchy_mlp"]) >= 0.5 * math.log(gain["residual_can"]), gain
+    assert gain["gaussian_bumps"] <= gain["cauchy_mlp"], gain
+
+
+@pytest.mark.slow
+def test_claims_1_2_ablation(paperlab_tmp: Path):
+    """The paper's statement does not hold at this budget; what the docs report instead does."""
+    run_sweep("ablation")
+    means = group_means("ablation", "test/rel_l2", ABL_BY)
+    assert {RCAN, SILU, CAUCHY_MLP, GAUSS} <= set(means) and all(m[2] == 3 for m in means.values()), means
+    gain = ablation_gains(means)
+    with pytest.raises(AssertionError):
+        check_ablation(gain)
+    check_ablation_as_found(gain)
+
+
+# --- claim 3: the loss-activation factorial at the trapped eps ---------------------------------------------------
+FAC_BY = ["model.activation", "model.loss"]
+ESCAPES = [("cauchy", "l1"), ("cauchy", "huber"), ("silu", "cauchy")]
+
+
+def check_factorial(means: dict[tuple[str, ...], Stat]) -> None:
+    """CauchyAct + L2 stays trapped (mean rel-L2 > 0.5) while at least one robust arm escapes (< 0.1)."""
+    assert means[("cauchy", "l2")][0] > 0.5, means
+    assert min(means[k][0] for k in ESCAPES) < 0.1, means
+
+
+def test_check_factorial_accepts_the_claim_and_refuses_its_negations():
+    ok = {("cauchy", "l2"): (0.9, 0.1, 3), ("cauchy", "l1"): (0.05, 0.01, 3), ("cauchy", "huber"): (0.7, 0.1, 3),
+          ("silu", "cauchy"): (0.8, 0.1, 3)}
+    check_factorial(ok)
+    for key, value in ((("cauchy", "l2"), (0.3, 0.1, 3)), (("cauchy", "l1"), (0.2, 0.1, 3))):
+        with pytest.raises(AssertionError):
+            check_factorial({**ok, key: value})
+
+
+@pytest.mark.slow
+def test_claim_3_factorial(paperlab_tmp: Path):
+    run_sweep("factorial")
+    means = group_means("factorial", "test/rel_l2", FAC_BY)
+    assert all(m[2] == 3 for m in means.values()), means
+    check_factorial(means)
+
+
+# --- claim 4: Cauchy beats SiLU under the FP-PDE loss, not under DSM ------------------------------------------
+SCORE_BY = ["model.loss", "model.activation"]
+
+
+def check_score(means: dict[tuple[str, ...], Stat], t_crit: float = 4.303) -> None:
+    """Under ``fp_pde`` CauchyAct's Fisher divergence is below SiLU's beyond seed noise (Welch t below
+    -t(0.975, 2) = -4.303, the two-sided 5 % point with n = 3 each); under ``dsm`` the difference is within it."""
+    t_fp = welch_t(means[("fp_pde", "cauchy")], means[("fp_pde", "silu")])
+    t_dsm = welch_t(means[("dsm", "cauchy")], means[("dsm", "silu")])
+    assert t_fp < -t_crit, (t_fp, means)
+    assert abs(t_dsm) <= t_crit, (t_dsm, means)
+
+
+def test_check_score_accepts_the_claim_and_refuses_its_negations():
+    ok = {("fp_pde", "cauchy"): (0.01, 0.001, 3), ("fp_pde", "silu"): (0.05, 0.002, 3),
+          ("dsm", "cauchy"): (0.02, 0.005, 3), ("dsm", "silu"): (0.021, 0.005, 3)}
+    check_score(ok)
+    for key, value in ((("fp_pde", "cauchy"), (0.049, 0.002, 3)), (("dsm", "cauchy"), (0.001, 0.0001, 3))):
+        with pytest.raises(AssertionError):
+            check_score({**ok, key: value})
+
+
+@pytest.mark.slow
+def test_claim_4_score(paperlab_tmp: Path):
+    run_sweep("score")
+    means = group_means("score", "test/fisher", SCORE_BY)
+    assert len(means) == 4 and all(m[2] == 3 for m in means.values()), means
+    check_score(means)
