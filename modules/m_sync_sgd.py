@@ -46,6 +46,7 @@ from modules.components.worker_sim import (
     AsyncServer,
     MSyncServer,
     RennalaServer,
+    ServerStepCounter,
     SimulatedServer,
     async_sgd,
     msync_sgd,
@@ -55,20 +56,6 @@ from modules.components.worker_sim import (
 __all__ = ["MSyncClassifier", "ServerStepCounter", "SimulatedDistributedSGD", "async_sgd", "msync_sgd", "rennala_sgd"]
 
 Method = Literal["msync", "sync", "async", "rennala"]
-
-
-class ServerStepCounter(torch.optim.Optimizer):
-    """A no-op optimizer: the simulated server applies the update; ``step()`` only advances Lightning's
-    ``global_step`` (which counts optimizer steps), so ``max_steps`` and schedules count server updates."""
-
-    def __init__(self, params: Any) -> None:
-        super().__init__(params, {})
-
-    def step(self, closure: Any = None) -> None:  # noqa: D102 - see the class docstring
-        if closure is not None:
-            with torch.enable_grad():
-                closure()
-        return None
 
 
 class SimulatedDistributedSGD(PaperTask):
@@ -88,7 +75,8 @@ class SimulatedDistributedSGD(PaperTask):
         async_stepsize: ``delay_adaptive`` (gamma_k = gamma min(1, n / delta_k)) or ``constant``.
         epsilon: the target |grad f(x)|^2 <= epsilon, read by ``callbacks.simulated_clock.SimulatedClock``.
         divergence_bound: stop (and log ``train/diverged`` = 1) once |x|_inf exceeds this times (1 + |x0|_inf).
-        seed: seed of the computation times and of the gradient noise (two streams).
+        seed: seed of the computation times and of the gradient noise (two streams: 2 seed + 1 and 2 seed);
+            None: the run's ``seed_everything`` (so a sweep's seeds vary the simulation).
     """
 
     paper_id = "002-11"
@@ -107,7 +95,7 @@ class SimulatedDistributedSGD(PaperTask):
         async_stepsize: Literal["constant", "delay_adaptive"] = "delay_adaptive",
         epsilon: float = 0.01,
         divergence_bound: float = 1e6,
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         metrics = {k: WeightedMean() for k in ("grad_norm_sq", "loss_gap", "acc", "sim_seconds")}
         super().__init__(metrics=metrics)
@@ -121,7 +109,7 @@ class SimulatedDistributedSGD(PaperTask):
         self.n_workers, self.method, self.lr, self.epsilon = n_workers, method, lr, epsilon
         self.time_model = time_model if time_model is not None else ComputeTimeModel()
         self.divergence_bound = divergence_bound
-        self.seed = seed
+        self.seed = seed = int(seed) if seed is not None else int(torch.initial_seed())
         time_gen = torch.Generator().manual_seed(seed * 2 + 1)
         self.noise_gen = torch.Generator().manual_seed(seed * 2)
         if method == "msync" or method == "sync":

@@ -291,6 +291,20 @@ class AsyncServer(_EventServer):
         self.pending = {int(k): v.clone() for k, v in state["pending"].items()}
 
 
+class ServerStepCounter(torch.optim.Optimizer):
+    """A no-op optimizer: the simulated server applies the update; ``step()`` only advances Lightning's
+    ``global_step`` (which counts optimizer steps), so ``max_steps`` and schedules count server updates."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, {})
+
+    def step(self, closure: Any = None) -> None:  # noqa: D102 - see the class docstring
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        return None
+
+
 def _run(server: SimulatedServer, grad_fn: GradFn, x0: Tensor, lr: float, steps: int) -> dict[str, Any]:
     if steps < 0:
         raise ConfigError(f"steps must be >= 0, got {steps}")

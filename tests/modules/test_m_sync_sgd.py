@@ -303,3 +303,51 @@ def test_msync_strategy_with_m1_keeps_the_faster_rank(tmp_path: Path) -> None:
     ((ref.w(x2) - y2) ** 2).mean().backward()
     other = (ref.w.weight - 0.1 * ref.w.weight.grad).detach().flatten()
     assert not torch.allclose(other, expected, atol=1e-3)
+
+
+# --- the claims at reduced scale (slow): the same problem and time models as the sweeps ------------------------
+def _hitting_time(make_server, lr: float, seed: int, max_steps: int = 3000, n: int = 32) -> float:
+    """Simulated seconds until |grad f|^2 <= epsilon = 0.01 on the sweeps' quadratic (inf if never)."""
+    problem = make_quadratic(n, mu=0.04, sigma=0.2828)
+    noise = torch.Generator().manual_seed(1000 + seed)
+    server = make_server(torch.Generator().manual_seed(seed))
+    x = problem.x0()
+    for _ in range(max_steps):
+        x, info = server.step(x, lr, lambda z, i: problem.stochastic_grad(z, i, noise))
+        if float(problem.grad(x).pow(2).sum()) <= 0.01:
+            return info.clock
+        if not bool(torch.isfinite(x).all()) or float(x.abs().max()) > 1e6:
+            return math.inf
+    return math.inf
+
+
+def _best(make_server, lrs, seeds=(0, 1)) -> float:
+    """The best over step sizes of the mean hitting time over seeds (a step size counts only if every seed hits)."""
+    return min(sum(_hitting_time(make_server, lr, s) for s in seeds) / len(seeds) for lr in lrs)
+
+
+EXP = ComputeTimeModel("exponential")
+LOGN = ComputeTimeModel("lognormal", sigma=1.5)
+SQRT = ComputeTimeModel("fixed", taus=[math.sqrt(i) for i in range(1, 33)])
+
+
+@pytest.mark.slow
+def test_claim_best_m_is_within_2x_of_rennala_and_async_under_exponential_times() -> None:
+    msync = min(_best(lambda g, m=m: MSyncServer(32, m, EXP, g), (0.2, 0.4, 0.8)) for m in (1, 2, 4))
+    rennala = min(_best(lambda g, b=b: RennalaServer(32, b, EXP, g), (0.2, 0.4, 0.8)) for b in (1, 2, 4))
+    asyn = _best(lambda g: AsyncServer(32, EXP, g), (0.071, 0.1, 0.141))
+    assert msync <= 2 * min(rennala, asyn), (msync, rennala, asyn)
+
+
+@pytest.mark.slow
+def test_claim_synchronous_sgd_is_2x_slower_than_the_best_m_under_lognormal_times() -> None:
+    best = min(_best(lambda g, m=m: MSyncServer(32, m, LOGN, g), (0.2, 0.4, 0.8)) for m in (1, 2, 4))
+    sync = _best(lambda g: MSyncServer(32, 32, LOGN, g), (0.8, 1.6))
+    assert sync >= 2 * best, (sync, best)
+
+
+@pytest.mark.slow
+def test_claim_the_best_m_under_sqrt_times_is_within_2x_of_sigma2_over_epsilon() -> None:
+    times = {m: _best(lambda g, m=m: MSyncServer(32, m, SQRT, g), (0.2, 0.4, 0.8, 1.6)) for m in (1, 2, 4, 8, 16, 32)}
+    m_best = min(times, key=times.get)
+    assert 4 <= m_best <= 16, times  # m* = sigma^2 / epsilon = 8
