@@ -26,9 +26,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from callbacks.activation_stats import ActivationStats  # noqa: E402
+from callbacks.diagnostic import Schedule  # noqa: E402
 from callbacks.weight_drift import WeightDrift  # noqa: E402
 from datamodules.random_gaussian import RandomGaussianDataModule  # noqa: E402
 from datamodules.text import CharTextDataModule  # noqa: E402
+from modules.components.mlp import MLP  # noqa: E402
+from modules.components.tiny_gpt import TinyGPT  # noqa: E402
 from modules.weight_drift import WeightDriftModel  # noqa: E402
 
 HOOKS = (
@@ -102,7 +105,10 @@ def bench(name: str, make_model, dm, steps: int, repeats: int) -> None:
             WeightDrift(),
             ActivationStats(),
         ],  # every 50 steps; 2 eval batches per validation
-        "dense": lambda: [WeightDrift(every_n_steps=10), ActivationStats(every_n_steps=10)],
+        "dense": lambda: [
+            WeightDrift(schedule=Schedule(every_n_steps=10)),
+            ActivationStats(schedule=Schedule(at_fit_start=False, at_validation=True, every_n_steps=10)),
+        ],
     }
     best = dict.fromkeys(arms, float("inf"))
     fit_seconds(make_model, dm, 20, [])  # warm-up (imports, allocator)
@@ -133,17 +139,27 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    text = CharTextDataModule(batch_size=32)
+    text.setup("fit")
     bench(
         "MLP 64-256x3-10, random Gaussian, batch 128",
-        lambda: WeightDriftModel(arch="mlp"),
+        lambda: WeightDriftModel(
+            net=lambda s, n: MLP(s, n, hidden=[256, 256, 256], activation="relu", init="kaiming"),
+            input_shape=(64,), num_classes=10,
+            optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0),
+        ),
         RandomGaussianDataModule(),
         500,
         args.repeats,
     )
     bench(
         "tiny GPT 3x3x48, CPython text, batch 32x64",
-        lambda: WeightDriftModel(arch="gpt", activation="relu", lr=3e-3),
-        CharTextDataModule(batch_size=32),
+        lambda: WeightDriftModel(
+            net=lambda s, n: TinyGPT(s, n, activation="relu", norm="rmsnorm"),
+            input_shape=(64,), num_classes=text.vocab_size,
+            optimizer=lambda p: torch.optim.AdamW(p, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0),
+        ),
+        text,
         200,
         args.repeats,
     )

@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from datamodules.text import CharTextDataModule  # noqa: E402
 from datamodules.yinyang import YinYangDataModule  # noqa: E402
-from main import PaperlabCLI  # noqa: E402
+from lightning_cli import PaperlabCLI  # noqa: E402
 from modules.components.mlp import MLP  # noqa: E402
 from modules.components.tiny_gpt import TinyGPT  # noqa: E402
 

@@ -25,7 +25,11 @@ the union is counted (never a sum of per-rank counts).
 
 Logged: ``diag/causal_pieces/count``, ``/fraction`` (count / samples; 1 = saturated), ``/entropy`` (bits,
 of the piece-occupancy histogram), ``/layer{l}_distinct_sets`` (distinct per-layer patterns),
-``/relevant_neurons_mean``, and at fit start ``/count_init``.
+``/relevant_neurons_mean``, and at fit start ``/count_init``; with a ``plane_grid`` DataModule also
+``/grid_count_{init,final}`` (pieces on a dense grid of the input plane, which does not saturate at the
+number of samples); with ``lines > 0`` also ``/line_pieces`` and ``/line_pieces_init`` (mean pieces crossed
+along straight segments between pairs of samples, ``line_piece_counts``). In ``mode="full"`` every key is ``diag/causal_pieces/full/<key>`` instead, so a path
+and a full counter can watch one run.
 """
 
 from __future__ import annotations
@@ -317,6 +321,29 @@ def piece_ids(module: nn.Module, inputs: Tensor, mode: str = "path", batch_size:
     return torch.unique(torch.cat(acc.full), dim=0, return_inverse=True)[1]
 
 
+def line_piece_counts(
+    module: nn.Module, starts: Tensor, ends: Tensor, points: int = 256, mode: str = "path", batch_size: int = 4096
+) -> Tensor:
+    """Pieces crossed along straight segments of input space: ``(P,)`` counts for ``starts``, ``ends`` (P, N_in).
+
+    Each segment ``x(s) = (1 - s) start + s end`` is sampled at ``points`` equally spaced ``s`` in [0, 1]; the
+    count is 1 + the number of consecutive points that lie in different pieces (a lower bound on the pieces the
+    segment crosses, exact once no piece is thinner than the spacing; the analogue of counting linear regions
+    along a line, Hanin & Rolnick 2019). Unlike the count over a data set it does not saturate at the number of
+    samples. An input that does not spike (``inf``) at one end and does at the other switches at ``s = 1/2``.
+    """
+    if points < 2:
+        raise ConfigError(f"line_points must be >= 2, got {points}")
+    if starts.shape != ends.shape or starts.dim() != 2:
+        raise ConfigError(f"segment ends must both have shape (P, N_in), got {tuple(starts.shape)} and {tuple(ends.shape)}")
+    s = torch.linspace(0.0, 1.0, points, dtype=starts.dtype, device=starts.device)[None, :, None]
+    a, b = starts[:, None, :], ends[:, None, :]
+    both = torch.isfinite(a) & torch.isfinite(b)
+    x = torch.where(both, a + s * torch.where(both, b - a, torch.zeros_like(a)), torch.where(s < 0.5, a, b))
+    ids = piece_ids(module, x.reshape(-1, x.shape[-1]), mode, batch_size).view(x.shape[0], points)
+    return (ids[:, 1:] != ids[:, :-1]).sum(1) + 1
+
+
 def piece_map_figure(points: Tensor, ids: Tensor, classes: Tensor | None = None, title: str = ""):
     """Scatter of the input plane coloured by piece (random colours), with the class boundary overlaid."""
     import matplotlib
@@ -349,6 +376,11 @@ class CausalPieceCounter(Diagnostic):
         piece_map: at fit start and end, log a piece map of the input plane as an MLflow figure when the
             DataModule offers ``plane_grid(resolution) -> (points, inputs, classes)``.
         piece_map_resolution: points per side of the piece-map grid.
+        lines: also count the pieces along this many straight segments between pairs of the split's first
+            ``2 lines`` samples (kept for the whole run), logged as ``line_pieces`` (mean over segments) and
+            ``line_pieces_init``; 0 = off. See ``line_piece_counts``; it does not saturate at the number of
+            samples as the count over the split does (every digit sits in a piece of its own).
+        line_points: points per segment.
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
 
@@ -364,6 +396,8 @@ class CausalPieceCounter(Diagnostic):
         max_exact_bytes: int = 2**28,
         piece_map: bool = True,
         piece_map_resolution: int = 200,
+        lines: int = 0,
+        line_points: int = 256,
         if_unsupported: Literal["error", "skip"] = "error",
         plot: bool = True,
         max_history: int = 10_000,
@@ -380,6 +414,10 @@ class CausalPieceCounter(Diagnostic):
             piece_map,
             piece_map_resolution,
         )
+        if lines < 0 or line_points < 2:
+            raise ConfigError(f"lines must be >= 0 and line_points >= 2, got lines={lines}, line_points={line_points}")
+        self.lines, self.line_points = lines, line_points
+        self._segments: tuple[Tensor, Tensor] | None = None
 
     def unsupported_reason(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str | None:
         if isinstance(pl_module, SpikeTimes | ActivationPatterns) or is_piecewise_linear_relu(pl_module):
@@ -409,7 +447,46 @@ class CausalPieceCounter(Diagnostic):
         values = result.metrics()
         if moment.kind == "fit_start":
             values["count_init"] = float(result.count)
-        return values
+        if self.lines:
+            starts, ends = self._line_segments(trainer, pl_module)
+            counts = line_piece_counts(pl_module, starts, ends, self.line_points, self.mode)
+            values["line_pieces_sum"], values["line_pieces_n"] = float(counts.sum()), float(counts.numel())
+            if moment.kind == "fit_start":
+                values["line_pieces_init_sum"], values["line_pieces_init_n"] = values["line_pieces_sum"], values["line_pieces_n"]
+        return {self._key(k): v for k, v in values.items()}
+
+    def reduction(self, key: str):
+        """The piece counts are already those of the union over ranks; segment sums add up."""
+        return "sum" if key.endswith(("_sum", "_n")) else None
+
+    def finalize(self, stats: dict) -> dict[str, float]:
+        out = {k: float(v) for k, v in stats.items() if not k.endswith(("_sum", "_n"))}
+        for k in stats:
+            if k.endswith("_sum"):
+                out[k[: -len("_sum")]] = float(stats[k]) / float(stats[k[: -len("_sum")] + "_n"])
+        return out
+
+    def _line_segments(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[Tensor, Tensor]:
+        """Pairs (i, i + P) of this rank's first ``2 P`` samples of the split, picked once per run."""
+        if self._segments is None:
+            xs, n = [], 0
+            for batch in self._loader(trainer):
+                x = batch[0] if isinstance(batch, (tuple, list)) else batch
+                xs.append(x.flatten(1))
+                n += x.shape[0]
+                if n >= 2 * self.lines:
+                    break
+            x = torch.cat(xs)
+            p = min(self.lines, x.shape[0] // 2)
+            if p < 1:
+                raise ConfigError(f"line pieces need at least 2 samples in the {self.split!r} split")
+            self._segments = (x[:p], x[p : 2 * p])
+        return tuple(t.to(pl_module.device) for t in self._segments)
+
+    def _key(self, key: str) -> str:
+        """Path mode logs ``diag/causal_pieces/<key>``, full mode ``diag/causal_pieces/full/<key>``, so that two
+        counters (one per mode) in one run do not overwrite each other's metrics."""
+        return key if self.mode == "path" else f"full/{key}"
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_fit_start(trainer, pl_module)
@@ -427,6 +504,7 @@ class CausalPieceCounter(Diagnostic):
         points, inputs, classes = grid(self.piece_map_resolution)
         ids = piece_ids(pl_module, inputs.to(pl_module.device), self.mode)
         n = int(ids.max()) + 1
-        self.emit(trainer, {f"grid_count_{tag}": float(n)}, trainer.global_step)
+        self.emit(trainer, {self._key(f"grid_count_{tag}"): float(n)}, trainer.global_step)
         fig = piece_map_figure(points, ids, classes, f"{tag}: {n} causal pieces on the input plane ({self.mode})")
-        self.log_figure(trainer, fig, f"figures/causal_pieces/piece_map_{tag}.png")
+        suffix = "" if self.mode == "path" else "_full"
+        self.log_figure(trainer, fig, f"figures/causal_pieces/piece_map_{tag}{suffix}.png")

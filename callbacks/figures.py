@@ -5,14 +5,17 @@ from __future__ import annotations
 import io
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lightning as L
-from lightning.pytorch.loggers import MLFlowLogger
+if TYPE_CHECKING:  # imported lazily: compare draws figures without Lightning
+    import lightning as L
+    from lightning.pytorch.loggers import MLFlowLogger
 
 
 def mlflow_logger(trainer: L.Trainer) -> MLFlowLogger | None:
     """The trainer's MLflow logger, if it has one."""
+    from lightning.pytorch.loggers import MLFlowLogger
+
     for logger in trainer.loggers:
         if isinstance(logger, MLFlowLogger):
             return logger

@@ -17,17 +17,18 @@ __all__ = ["FiniteLossGuard", "InterruptCheckpoint", "NonFiniteLossError"]
 class FiniteLossGuard(Callback):
     """Stop training at a NaN/inf loss, naming the step where it first appeared.
 
-    The check accumulates on the loss's device and reads it back only every ``check_every_n_steps`` steps
-    and before every validation and epoch-end checkpoint, so it adds no per-step host sync on a GPU while
-    no checkpoint is ever written from non-finite weights. The exception marks the MLflow run FAILED; the
-    last checkpoint written before the bad step stays the newest one.
+    The step losses are kept (detached, on their device) and checked together every
+    ``check_every_n_steps`` steps and before every validation and epoch end, so the guard adds no per-step
+    host sync on a GPU and no checkpoint is ever written from non-finite weights. The exception marks the
+    MLflow run FAILED; the last checkpoint written before the bad step stays the newest one.
     """
 
     def __init__(self, check_every_n_steps: int = 10) -> None:
         if check_every_n_steps <= 0:
             raise ConfigError(f"check_every_n_steps must be positive, got {check_every_n_steps}")
         self.check_every_n_steps = check_every_n_steps
-        self._first_bad: torch.Tensor | None = None
+        self._losses: list[torch.Tensor] = []
+        self._steps: list[int] = []
         self._step = 0
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
@@ -39,20 +40,18 @@ class FiniteLossGuard(Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if not isinstance(loss, torch.Tensor):
             return
-        step = self._step
-        bad = ~torch.isfinite(loss.detach()).all()
-        if self._first_bad is None or self._first_bad.device != loss.device:
-            self._first_bad = torch.full((), -1, dtype=torch.long, device=loss.device)
-        unset = self._first_bad < 0
-        self._first_bad = torch.where(bad & unset, torch.full_like(self._first_bad, step), self._first_bad)
-        if (step + 1) % self.check_every_n_steps == 0:
+        self._losses.append(loss.detach().reshape(-1)[:1])
+        self._steps.append(self._step)
+        if len(self._losses) >= self.check_every_n_steps:
             self._check(trainer)
 
     def _check(self, trainer: L.Trainer) -> None:
-        if self._first_bad is None:
+        if not self._losses:
             return
-        first = int(self._first_bad.item())
-        if first >= 0:
+        bad = ~torch.isfinite(torch.cat(self._losses))
+        steps, self._losses, self._steps = self._steps, [], []
+        if bool(bad.any()):
+            first = steps[int(bad.nonzero()[0])]
             raise NonFiniteLossError(
                 f"the training loss became NaN or infinite at step {first} (epoch {trainer.current_epoch}); "
                 "training stopped, the MLflow run is marked FAILED and the last good checkpoint is kept. "
@@ -81,4 +80,4 @@ class InterruptCheckpoint(Callback):
         if not isinstance(exception, KeyboardInterrupt):
             return
         if self.dirpath and trainer.state.fn == "fit":
-            trainer.save_checkpoint(str(Path(self.dirpath) / "interrupted.ckpt"))
+            trainer.save_checkpoint(str(Path(self.dirpath) / "interrupted.ckpt"), weights_only=False)

@@ -17,12 +17,9 @@ Differences from Lightning's ``MLFlowLogger`` and why:
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
-import urllib.error
-import urllib.request
 from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
@@ -30,43 +27,17 @@ from typing import Any
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
-from errors import PaperlabError
+from callbacks.tracking import (  # noqa: F401 - re-exported: the logger's module is where users look
+    DEFAULT_TRACKING_URI,
+    TrackingServerUnreachable,
+    check_tracking_server,
+    default_tracking_uri,
+    prepare_store,
+    retry_locked,
+)
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_PARAM_LENGTH = 6000
 DROPPED_PARAM_KEYS = ("_instantiator", "_class_path")
-
-
-class TrackingServerUnreachable(PaperlabError, RuntimeError):
-    """The tracking URI names an HTTP server that does not answer."""
-
-
-def default_tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-
-
-def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
-    """Fail fast with one clear message when an HTTP tracking server does not answer.
-
-    MLflow's client retries for minutes before giving up; a researcher wants to know at once.
-    """
-    if not uri.startswith(("http://", "https://")):
-        return
-    try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
-            if resp.status < 500:
-                return
-            reason = f"HTTP {resp.status}"
-    except urllib.error.HTTPError as err:
-        if err.code < 500:
-            return
-        reason = f"HTTP {err.code}"
-    except (urllib.error.URLError, OSError) as err:
-        reason = str(getattr(err, "reason", err))
-    raise TrackingServerUnreachable(
-        f"the MLflow tracking server at {uri} does not answer ({reason}). Start it, fix MLFLOW_TRACKING_URI, "
-        f"or unset MLFLOW_TRACKING_URI to log to the local {DEFAULT_TRACKING_URI}"
-    )
 
 
 def flatten_params(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -113,10 +84,12 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         run_id: str | None = None,
         flush_every_s: float = 5.0,
     ) -> None:
+        uri = tracking_uri or default_tracking_uri()
+        prepare_store(uri, None if run_id else experiment_name)
         super().__init__(
             experiment_name=experiment_name,
             run_name=run_name,
-            tracking_uri=tracking_uri or default_tracking_uri(),
+            tracking_uri=uri,
             tags=tags,
             run_id=run_id,
             log_model=False,
@@ -125,6 +98,11 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         self._pending: list[Any] = []
         self._last_flush = time.monotonic()
         self._existing_params: dict[str, str] | None = None
+        # a run that existed before (a resume replays the steps after its checkpoint; a test logs into the run
+        # that trained): the (key, step) pairs it has are read once and not written twice
+        self._continues = run_id is not None
+        self._logged: set[tuple[str, int]] | None = None
+        self._last_step: dict[str, int] = {}
 
     @property
     def tracking_uri(self) -> str:
@@ -154,14 +132,14 @@ class PaperlabMLFlowLogger(MLFlowLogger):
             elif existing[key] != value:
                 changed.append(RunTag(f"param_changed.{key}", value[:5000]))
         for i in range(0, len(new_params), 100):
-            self.experiment.log_batch(self.run_id, params=new_params[i : i + 100])
+            retry_locked(self.experiment.log_batch, self.run_id, params=new_params[i : i + 100])
         if changed:
             rank_zero_warn(
                 f"{len(changed)} hyperparameter(s) differ from the values this MLflow run was started with "
                 f"({', '.join(t.key.removeprefix('param_changed.') for t in changed[:5])}); MLflow params are "
                 "immutable, so the new values are recorded as 'param_changed.*' tags"
             )
-            self.experiment.log_batch(self.run_id, tags=changed)
+            retry_locked(self.experiment.log_batch, self.run_id, tags=changed)
 
     @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any] | Namespace) -> None:
@@ -174,33 +152,54 @@ class PaperlabMLFlowLogger(MLFlowLogger):
     def set_tags(self, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
 
-        self.experiment.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+        retry_locked(self.experiment.log_batch, self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         from mlflow.entities import Metric
 
         stamp = int(time.time() * 1000)
+        step = step or 0
         for key, value in metrics.items():
             if isinstance(value, str):
                 continue
             clean = re.sub("[^a-zA-Z0-9_/. -]+", "", key)  # the characters MLflow accepts in a metric name
-            self._pending.append(Metric(key=clean, value=float(value), timestamp=stamp, step=step or 0))
+            # one value per (metric, step): Lightning adds `epoch` to every call, several callers may report
+            # at one step; the first value stands
+            if self._last_step.get(clean) == step:
+                continue
+            self._last_step[clean] = step
+            self._pending.append(Metric(key=clean, value=float(value), timestamp=stamp, step=step))
         if time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
 
+    def already_logged(self) -> set[tuple[str, int]]:
+        """The (metric, step) pairs the run had in the store when this process took it over (empty for a new
+        run): the steps a resume replays were written by the interrupted process already."""
+        if self._logged is None:
+            self._logged = set()
+            if self._continues:
+                client = self.experiment
+                keys = list(retry_locked(client.get_run, self.run_id).data.metrics)
+                self._logged = {(k, m.step) for k in keys
+                                for m in retry_locked(client.get_metric_history, self.run_id, k)}
+        return self._logged
+
     @rank_zero_only
     def flush(self) -> None:
-        """Write the buffered metrics now."""
+        """Write the buffered metrics now (a (metric, step) pair the run already has is not written again)."""
         pending, self._pending = self._pending, []
         self._last_flush = time.monotonic()
-        for i in range(0, len(pending), 1000):  # MLflow's limit per batch
-            self.experiment.log_batch(run_id=self.run_id, metrics=pending[i : i + 1000])
+        logged = self.already_logged()
+        fresh = [m for m in pending if (m.key, m.step) not in logged]
+        for i in range(0, len(fresh), 1000):  # MLflow's limit per batch
+            retry_locked(self.experiment.log_batch, run_id=self.run_id, metrics=fresh[i : i + 1000])
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
-        # Metrics up to a checkpoint are on disk whenever the checkpoint is: a resume never leaves a gap.
+        # Metrics up to a resumable checkpoint are on disk whenever the checkpoint is: a resume never leaves
+        # a gap. A weights-only save (the best epoch) resumes nothing and does not pay for a flush.
         super().after_save_checkpoint(checkpoint_callback)
-        if self._initialized:
+        if self._initialized and not getattr(checkpoint_callback, "save_weights_only", False):
             self.flush()
 
     @rank_zero_only
@@ -209,4 +208,4 @@ class PaperlabMLFlowLogger(MLFlowLogger):
             status = "KILLED"  # Lightning finalizes while it handles the Ctrl-C
         if self._initialized:
             self.flush()
-        super().finalize(status)
+        retry_locked(super().finalize, status)

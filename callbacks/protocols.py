@@ -7,7 +7,7 @@ diagnostic never imports a method: this file is the whole interface between them
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -41,6 +41,33 @@ class DiagnosticForward(Protocol):
     """The module's forward pass on a whole batch (whatever its structure), for activation hooks."""
 
     def diagnostic_forward(self, batch: Any) -> Any: ...
+
+
+class ClientRound(NamedTuple):
+    """One federated round as the server saw it (flat parameter vectors of length P).
+
+    Args:
+        round: the optimiser step this round produced (1 for the first round).
+        updates: ``(m, P)`` the participating clients' updates ``g_i = theta - theta_i``.
+        weights: ``(m,)`` their aggregation weights (summing to 1).
+        aggregate: ``(P,)`` the aggregated direction ``g``.
+        step: ``(P,)`` the server's actual move ``theta_t - theta_{t+1}`` (``eta_s g``, or with momentum).
+        groups: ``(name, start, stop)`` of each layer group's coordinates in the flat vectors.
+    """
+
+    round: int
+    updates: Tensor
+    weights: Tensor
+    aggregate: Tensor
+    step: Tensor
+    groups: list[tuple[str, int, int]]
+
+
+@runtime_checkable
+class ClientUpdates(Protocol):
+    """Federated methods: the last round's client updates and aggregate (a ``ClientRound``; None before one)."""
+
+    def client_round(self, batch: Any = None) -> ClientRound | None: ...
 
 
 def method_of(protocol: type) -> str:

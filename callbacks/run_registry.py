@@ -54,15 +54,17 @@ def resolve_checkpoint(ckpt_path: str | None, directory: Path) -> str | None:
     if ckpt_path in ("last", "best"):
         last = directory / "last.ckpt"
         if not last.is_file():
+            runs = sorted(p.parent.name for p in directory.parent.glob("*/last.ckpt"))
+            known = f"; runs with checkpoints: {', '.join(runs[:8])}" if runs else ""
             raise CheckpointNotFound(
-                f"--ckpt_path {ckpt_path}: no checkpoint in {directory}/ (has this experiment been fit with "
-                "the same config and run name?)"
+                f"--ckpt_path {ckpt_path}: no checkpoint in {directory}/. The run name is the config's stem plus the "
+                "command-line overrides: pass the same overrides as the fit, or --run.name NAME" + known
             )
         if ckpt_path == "last":
             return str(last)
         state = torch.load(last, map_location="cpu", weights_only=False).get("callbacks", {})
-        for key, value in state.items():
-            if key.startswith("ModelCheckpoint") and value.get("best_model_path"):
+        for value in state.values():
+            if isinstance(value, dict) and value.get("best_model_path"):
                 best = Path(value["best_model_path"])
                 if best.is_file():
                     return str(best)
@@ -73,13 +75,14 @@ def resolve_checkpoint(ckpt_path: str | None, directory: Path) -> str | None:
 
 
 def archive_previous(directory: Path) -> Path | None:
-    """Move the checkpoints of an earlier run out of the way before a fresh fit writes into ``directory``.
+    """Move everything an earlier run wrote (checkpoints, its run file, predictions) out of the way before a
+    fresh fit writes into ``directory``.
 
     They go to ``<directory>.archive/<old run id>/``, beside the run's folder rather than inside it, so the
     fresh run starts from an empty folder.
     """
     directory = Path(directory)
-    old = [p for p in directory.glob("*.ckpt")] + [p for p in [directory / RUN_FILE] if p.is_file()]
+    old = sorted(p for p in directory.iterdir() if p.is_file()) if directory.is_dir() else []
     if not old:
         return None
     record = read_run_record(directory) or {}

@@ -12,6 +12,12 @@ initialisation's own offset). Layers get a role from what they read:
 Roles are found once, by forward hooks during the first training step: a layer reads an activation if its
 input tensor is that activation's output (possibly through dropout, pooling or flatten). Models whose
 activations are plain functions rather than modules can name their downstream layers with ``downstream``.
+The same pass finds the *read-out*, the last weight layer the forward pass runs (the classifier, the LM
+head). Its mean gradient under softmax cross-entropy is exactly zero (the logits' gradients sum to zero over
+classes, so every column of ``dL/dW`` does), so a drift of the read-out under SGD + CE is impossible and
+under AdamW + CE it is an optimiser artefact (per-coordinate normalisation breaks the zero sum). The
+summaries therefore separate the *hidden* layers (the ones reading an activation, downstream or symmetric,
+other than the read-out) from the read-out: the same summary for relu and for the tanh control.
 
 The initial weights are part of the callback's state, so a run resumed from a checkpoint measures drift
 from the true initialisation. Under DDP the weights (and the averaged gradients) are identical on every
@@ -70,6 +76,7 @@ class InputSourceTracer:
         self.layers = dict(weight_layers(model, exclude))
         self.sources: dict[str, str | None] = {}
         self.roles: dict[str, str] = {}
+        self.order: list[str] = []  # weight layers in the order the forward pass ran them
         self._origin: dict[int, tuple[Tensor, nn.Module]] = {}  # data_ptr -> (tensor kept alive, activation)
         self._handles: list[Any] = []
 
@@ -100,7 +107,12 @@ class InputSourceTracer:
 
     def _layer_hook(self, name: str) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-            if name in self.sources or not (args and isinstance(args[0], Tensor)):
+            if not (args and isinstance(args[0], Tensor)):
+                return
+            if name in self.order:
+                self.order.remove(name)
+            self.order.append(name)
+            if name in self.sources:
                 return
             found = self._origin.get(args[0].data_ptr())
             act = found[1] if found is not None else None
@@ -109,6 +121,11 @@ class InputSourceTracer:
             self.roles[name] = {True: "downstream", False: "symmetric", None: "other"}[bias]
 
         return hook
+
+    @property
+    def readout(self) -> str | None:
+        """The last weight layer the traced forward pass ran (None before the pass)."""
+        return self.order[-1] if self.order else None
 
 
 def forward_on(pl_module: L.LightningModule, batch: Any) -> Any:
@@ -125,7 +142,11 @@ class WeightDrift(Diagnostic):
     Logs ``diag/weight_drift/<layer>/{mean,frac_negative,drift}`` (and ``/grad_mean``, the mean of
     ``dL/dW`` of the step that produced the logged weights, when ``log_grad_mean``), plus per role
     (``downstream``, ``symmetric``, ``other``) the layer-averaged ``<role>_mean_drift`` and
-    ``<role>_frac_negative``. The paper's summary is ``diag/weight_drift/downstream_mean_drift``.
+    ``<role>_frac_negative``. The paper's summary is ``diag/weight_drift/downstream_mean_drift``; because the
+    read-out's mean gradient is zero under cross-entropy (module docstring), the averages over the layers
+    that read an activation (downstream or symmetric) other than the read-out are
+    ``hidden_{mean_drift,frac_negative,grad_mean}``, the same quantity for relu and its tanh control, and
+    the read-out's own are ``readout_{drift,frac_negative,grad_mean}``.
 
     Args:
         schedule: when to measure (default: the initialisation and every 50 optimiser steps).
@@ -153,6 +174,7 @@ class WeightDrift(Diagnostic):
         self.downstream = tuple(downstream)
         self.initial: dict[str, Tensor] = {}
         self.roles: dict[str, str] = {}
+        self.readout: str | None = None
         self._grad_mean: dict[str, float] = {}
         self._tracer: InputSourceTracer | None = None
 
@@ -175,11 +197,16 @@ class WeightDrift(Diagnostic):
             self.initial = {n: self.initial[n].to(layers[n].weight.device) for n in layers}
 
     def extra_state(self) -> dict[str, Any]:
-        return {"initial": {n: w.detach().cpu() for n, w in self.initial.items()}, "roles": dict(self.roles)}
+        return {
+            "initial": {n: w.detach().cpu() for n, w in self.initial.items()},
+            "roles": dict(self.roles),
+            "readout": self.readout,
+        }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.initial = {n: w.clone() for n, w in state.get("initial", {}).items()}
         self.roles = dict(state.get("roles", {}))
+        self.readout = state.get("readout")
 
     # --- roles ------------------------------------------------------------------------------------------
     def on_train_batch_start(
@@ -197,6 +224,7 @@ class WeightDrift(Diagnostic):
             n: "downstream" if n in self.downstream else self._tracer.roles.get(n, "other")
             for n in self.initial
         }
+        self.readout = self._tracer.readout
         self._tracer = None
 
     def on_before_optimizer_step(
@@ -222,23 +250,41 @@ class WeightDrift(Diagnostic):
     def compute(self, pl_module: nn.Module) -> dict[str, float]:
         """All values for the current weights (keys without the ``diag/weight_drift/`` prefix)."""
         out: dict[str, float] = {}
-        per_role: dict[str, list[tuple[float, float]]] = {r: [] for r in ROLES}
+        per_role: dict[str, list[tuple[float, float]]] = {r: [] for r in (*ROLES, "hidden")}
         for name, m in weight_layers(pl_module, self.exclude):
             mean, frac_neg, drift = weight_stats(m.weight, self.initial[name])
             out[f"{name}/mean"] = mean
             out[f"{name}/frac_negative"] = frac_neg
             out[f"{name}/drift"] = drift
-            per_role[self.roles.get(name, "other")].append((drift, frac_neg))
+            role = self.roles.get(name, "other")
+            per_role[role].append((drift, frac_neg))
+            if self._is_hidden(name):
+                per_role["hidden"].append((drift, frac_neg))
+            if name == self.readout:
+                out["readout_drift"], out["readout_frac_negative"] = drift, frac_neg
         for role, vals in per_role.items():
             if vals:
                 out[f"{role}_mean_drift"] = sum(v[0] for v in vals) / len(vals)
                 out[f"{role}_frac_negative"] = sum(v[1] for v in vals) / len(vals)
         return out
 
+    def _is_hidden(self, name: str) -> bool:
+        """A layer that reads an activation (biased or symmetric) and is not the read-out."""
+        return self.roles.get(name) in ("downstream", "symmetric") and name != self.readout
+
+    def _grad_summaries(self, grads: dict[str, float]) -> dict[str, float]:
+        hidden = [g for n, g in grads.items() if self._is_hidden(n)]
+        out = {f"{n}/grad_mean": g for n, g in grads.items()}
+        if hidden:
+            out["hidden_grad_mean"] = sum(hidden) / len(hidden)
+        if self.readout in grads:
+            out["readout_grad_mean"] = grads[self.readout]
+        return out
+
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, float]:
         values = self.compute(pl_module)
         if moment.kind == "step":
-            values.update({f"{name}/grad_mean": g for name, g in self._grad_mean.items()})
+            values.update(self._grad_summaries(self._grad_mean))
             self._grad_mean = {}
         return values
 

@@ -11,7 +11,9 @@ or duplicates a sample. Lightning does not wrap it in a ``DistributedSampler`` b
 ``DataLoader``.
 
 Shuffling is a pure function of ``(seed, epoch)``, so a run resumed from an epoch-end checkpoint sees the
-same batches as an uninterrupted one.
+same batches as an uninterrupted one. The loader is also *resumable* mid-epoch (``state_dict`` /
+``load_state_dict``, which Lightning saves in checkpoints): a resume skips the batches the interrupted run
+had trained on, and sees the rest of the same epoch.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch import Tensor
 from errors import ConfigError
 
 
-class _EpochSetter:
+class EpochSetter:
     """What Lightning's ``_set_sampler_epoch`` looks for (``loader.sampler.set_epoch``)."""
 
     def __init__(self, loader: BatchedTensorLoader) -> None:
@@ -78,8 +80,10 @@ class BatchedTensorLoader:
         self.rank = rank
         self.world_size = world_size
         self.epoch = 0
-        self.sampler = _EpochSetter(self)
+        self.sampler = EpochSetter(self)
         self.batch_sampler = None  # Lightning's loader inspection reads it
+        self._yielded = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, batches to skip) from a checkpoint
 
     def _global_batches(self) -> list[Tensor]:
         if self.shuffle:
@@ -107,9 +111,24 @@ class BatchedTensorLoader:
         return full + 1
 
     def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
-        for idx in self._global_batches():
+        batches = self._global_batches()
+        skip = 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            skip = self._resume[1]
+        self._resume = None
+        self._yielded = skip
+        for idx in batches[skip:]:
             local = idx[self.rank :: self.world_size] if self.world_size > 1 else idx
+            self._yielded += 1
             yield tuple(t[local] for t in self.tensors)
+
+    def state_dict(self) -> dict[str, int]:
+        """The epoch and how many of its batches were trained on (for a mid-epoch resume). Lightning fetches
+        nothing ahead from a loader that has a length, so what left the loader is what was trained on."""
+        return {"epoch": self.epoch, "consumed": self._yielded}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume = (int(state["epoch"]), int(state["consumed"]))
 
 
 Split = tuple[Tensor, ...]

@@ -51,6 +51,9 @@ def encode_linear(
     return t
 
 
+_YINYANG_CACHE: dict[tuple, dict[str, Split]] = {}
+
+
 class SpikeYinYangDataModule(YinYangDataModule):
     """Yin-Yang as spike times ``0.15..2.0`` (units of tau_s) plus bias spikes.
 
@@ -88,7 +91,13 @@ class SpikeYinYangDataModule(YinYangDataModule):
         return encode_linear(features, self.t_early, self.t_late, self.bias_times)
 
     def build_splits(self) -> dict[str, Split]:
-        return {k: (self.encode(x), y) for k, (x, y) in super().build_splits().items()}
+        # The rejection sampler loops in Python (~1 s for 7000 samples); a sweep run in process, or a fit
+        # followed by its test, builds the same splits again, so they are generated once per process.
+        key = (self.sizes, self.seeds, self.r_small, self.r_big)
+        if key not in _YINYANG_CACHE:
+            _YINYANG_CACHE.clear()
+            _YINYANG_CACHE[key] = super().build_splits()
+        return {k: (self.encode(x), y.clone()) for k, (x, y) in _YINYANG_CACHE[key].items()}
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -60,10 +60,12 @@ class StepOutput(NamedTuple):
 
 
 class WeightedMean(Metric):
-    """The sample-weighted mean of per-batch values, summed across DDP ranks (``<stage>/loss``).
+    """The weighted mean of values, summed across DDP ranks (``<stage>/loss``: batch losses weighted by the
+    samples they average over).
 
-    Lighter than ``torchmetrics.MeanMetric`` (no NaN checks, hence no host sync per update): a NaN loss is
-    the ``FiniteLossGuard``'s business, and it should show in the logged mean, not be dropped.
+    ``update(value, weight)`` takes one value or a vector of values with their weights. Lighter than
+    ``torchmetrics.MeanMetric`` (no NaN checks, hence no host sync per update): a NaN loss is the
+    ``FiniteLossGuard``'s business, and it should show in the logged mean, not be dropped.
     """
 
     full_state_update = False
@@ -73,12 +75,30 @@ class WeightedMean(Metric):
         self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("weight", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
-    def update(self, value: Tensor, weight: float = 1.0) -> None:
-        self.total += value.detach().double() * weight
-        self.weight += weight
+    def update(self, value: Tensor, weight: float | Tensor = 1.0) -> None:
+        w = torch.as_tensor(weight, dtype=torch.float64, device=self.total.device)
+        self.total += (value.detach().double() * w).sum()
+        self.weight += w.expand_as(value).sum() if value.dim() else w.sum()
 
     def compute(self) -> Tensor:
         return (self.total / self.weight).float()
+
+
+def _merge(parts: list[Any]) -> Tensor:
+    """The step inputs of one metric argument as one batch: scalars stacked, tensors concatenated."""
+    first = parts[0]
+    if isinstance(first, Tensor):
+        return torch.stack(parts) if first.dim() == 0 else torch.cat(parts)
+    if isinstance(first, bool) or not isinstance(first, int | float):
+        raise TypeError(f"cannot batch metric inputs of type {type(first).__name__}")
+    return torch.tensor(parts, dtype=torch.float64)
+
+
+def _detach(value: Any) -> Any:
+    """A metric state (a tensor or a list of tensors) detached and cloned for a checkpoint."""
+    if isinstance(value, list):
+        return [v.detach().clone() for v in value]
+    return value.detach().clone()
 
 
 def _plain(value: Any) -> Any:
@@ -112,6 +132,9 @@ class PaperTask(LightningModule):
     monitor_mode: ClassVar[Literal["min", "max"]]
     #: when a scheduler steps: once per "epoch" or once per optimiser "step"
     scheduler_interval: ClassVar[Literal["epoch", "step"]] = "epoch"
+    #: steps whose metric inputs are kept (detached) before each metric gets them in one update: a
+    #: torchmetrics update costs about 0.1 ms on CPU, a tenth of a small model's step (1: every step)
+    metric_flush_every: ClassVar[int] = 32
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         """``class Foo(PaperTask, abstract=True)`` marks an intermediate base that declares no paper."""
@@ -152,6 +175,10 @@ class PaperTask(LightningModule):
             {f"{s}_": nn.ModuleDict({k: m.clone() for k, m in declared.items()}) for s in STAGES}
         )
         self.stage_loss = nn.ModuleDict({f"{s}_": WeightedMean() for s in STAGES})
+        self._metric_names = list(declared)
+        self._pending: dict[str, dict[str, list[tuple[Any, ...]]]] = {s: {} for s in STAGES}
+        self._pending_steps = dict.fromkeys(STAGES, 0)
+        self._updated: dict[str, set[str]] = {s: set() for s in STAGES}  # "" is the loss
 
     def _keep_own_hparams(self) -> None:
         """Keep only this class's own arguments, in a form a checkpoint can store.
@@ -208,16 +235,40 @@ class PaperTask(LightningModule):
         if not isinstance(out, StepOutput):
             out = StepOutput(out)
         n = out.n if out.n is not None else (len(out.target) if out.target is not None else 1)
-        self.stage_loss[f"{stage}_"].update(out.loss, n)
+        pending = self._pending[stage]
+        pending.setdefault("", []).append((out.loss.detach(), n))  # "": the loss
         inputs = out.inputs or {}
-        for name, metric in self.stage_metrics[f"{stage}_"].items():
+        for name in self._metric_names:
             if name in inputs:
                 args = inputs[name]
-                if args is not None:
-                    metric.update(*(args if isinstance(args, tuple) else (args,)))
+                if args is None:
+                    continue
+                args = args if isinstance(args, tuple) else (args,)
             elif out.preds is not None:
-                metric.update(out.preds, out.target)
+                args = (out.preds, out.target)
+            else:
+                continue
+            pending.setdefault(name, []).append(tuple(a.detach() if isinstance(a, Tensor) else a for a in args))
+        self._pending_steps[stage] += 1
+        if self._pending_steps[stage] >= self.metric_flush_every:
+            self.flush_metrics(stage)
         return out
+
+    def flush_metrics(self, stage: Stage) -> None:
+        """Hand the kept step inputs of ``stage`` to their metrics: one ``update`` per metric on the
+        concatenated inputs, or one per step where they do not concatenate (shapes that vary)."""
+        pending, self._pending[stage] = self._pending[stage], {}
+        self._pending_steps[stage] = 0
+        self._updated[stage] |= set(pending)
+        for name, calls in pending.items():
+            metric = self.stage_loss[f"{stage}_"] if name == "" else self.stage_metrics[f"{stage}_"][name]
+            try:
+                merged = [_merge([call[i] for call in calls]) for i in range(len(calls[0]))]
+            except (RuntimeError, TypeError, ValueError):
+                for call in calls:
+                    metric.update(*call)
+                continue
+            metric.update(*merged)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         return self._run_step(batch, "train").loss
@@ -237,13 +288,15 @@ class PaperTask(LightningModule):
 
         Metrics that were not updated this epoch are left out (and reset).
         """
+        self.flush_metrics(stage)
+        updated, self._updated[stage] = self._updated[stage], set()
         out: dict[str, Tensor] = {}
         loss = self.stage_loss[f"{stage}_"]
-        if loss.update_count:
+        if "" in updated:
             out[f"{stage}/loss"] = loss.compute()
         loss.reset()
         for name, metric in self.stage_metrics[f"{stage}_"].items():
-            if metric.update_count:
+            if name in updated:
                 value = metric.compute()
                 if isinstance(value, Mapping):
                     out.update({f"{stage}/{name}_{k}": v for k, v in value.items()})
@@ -256,18 +309,57 @@ class PaperTask(LightningModule):
         """Log ``epoch_metrics(stage)`` plus ``extra_epoch_metrics``; return what was logged."""
         values = self.epoch_metrics(stage)
         values.update(self.extra_epoch_metrics(stage, values))
-        if values:
-            # The values are already reduced over ranks (torchmetrics); sync_dist only keeps Lightning from
-            # warning under DDP, at the cost of one tiny all-reduce per value per epoch.
-            self.log_dict(values, on_step=False, on_epoch=True, sync_dist=True)
+        if not values:
+            return values
+        # batch_size: one aggregate per epoch; given, Lightning does not search the batch for a size
+        if stage == "train":
+            # Straight to the loggers (rank 0) and callback_metrics, at once: Lightning would hand epoch-level
+            # values over only after the epoch-end checkpoint (lost to an interrupt right after it), and
+            # step-level ones only every log_every_n_steps. Reduced over ranks by torchmetrics.
+            if self.trainer.is_global_zero:
+                floats = {k: float(v) for k, v in values.items()}
+                for logger in self.loggers:
+                    logger.log_metrics(floats, step=self.global_step)
+            self.trainer.callback_metrics.update(values)
+        else:
+            # already reduced (torchmetrics); sync_dist only keeps Lightning from warning under DDP, at the
+            # cost of one tiny all-reduce per value per evaluation
+            self.log_dict(values, on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
         return values
 
     def extra_epoch_metrics(self, stage: Stage, values: dict[str, Tensor]) -> dict[str, Tensor]:
         """Override to derive more epoch values from the logged ones (e.g. bits per character)."""
         return {}
 
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """The training epoch's metrics are logged after its last batch (subclasses that override this hook
+        call ``super()``)."""
+        if batch_idx + 1 == self.trainer.num_training_batches:
+            self.log_epoch("train")
+
     def on_train_epoch_end(self) -> None:
-        self.log_epoch("train")
+        if self._pending_steps["train"] or self._updated["train"]:
+            self.log_epoch("train")  # an epoch cut short (max_steps) or of unknown length
+
+    # A checkpoint written within an epoch resumes in it: the training epoch's metric states go with it.
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.flush_metrics("train")
+        metrics = {"": self.stage_loss["train_"], **self.stage_metrics["train_"]}
+        checkpoint["paperlab_train_metrics"] = {
+            "updated": sorted(self._updated["train"]),
+            "states": {name: {k: _detach(v) for k, v in m.metric_state.items()} for name, m in metrics.items()},
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("paperlab_train_metrics")
+        if not saved:
+            return
+        metrics = {"": self.stage_loss["train_"], **self.stage_metrics["train_"]}
+        for name, states in saved["states"].items():
+            if name in metrics:
+                for key, value in states.items():
+                    setattr(metrics[name], key, value)
+        self._updated["train"] = set(saved["updated"])
 
     def on_validation_epoch_end(self) -> None:
         self.log_epoch("val")

@@ -105,7 +105,9 @@ def compare_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sweep", default=None, help="a sweep's name or parent run id (default: every run of the experiment)"
     )
-    p.add_argument("--metric", required=True, help="the metric compared, e.g. test/acc")
+    p.add_argument("--metric", required=True,
+                   help="the metric compared, e.g. test/acc; a glob such as 'diag/weight_drift/*/drift' compares "
+                   "every matching metric (a row per metric and group)")
     p.add_argument(
         "--by",
         action="append",
@@ -119,6 +121,21 @@ def compare_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mode", choices=("max", "min"), default=None, help="which is best (default: min for losses/errors)"
     )
+    p.add_argument("--agg", choices=("last", "mean", "min", "max"), default="last",
+                   help="each run's value: its last logged value (default), or the mean/min/max of its history")
+    p.add_argument("--steps", default=None, metavar="A:B",
+                   help="with --agg: only the history at steps A..B (either side may be empty, e.g. 500:)")
+    p.add_argument("--baseline", default=None, metavar="KEY=VALUE",
+                   help="add each group's ratio to the group KEY=VALUE (a --by key), paired by seed")
+    p.add_argument("--per-group", action="store_true",
+                   help="with --x: correlate the group means (seeds averaged), not the runs")
+    p.add_argument("--leave-one-out", default=None, metavar="KEY",
+                   help="with --x: Spearman's rho without each value of KEY (a --by key), and within it")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                   help="only the runs whose param or tag KEY has this value (repeatable, all must hold)")
+    p.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                   help="with --x: a 95%% interval of rho from N resamples of the grid points (groups)")
+    p.add_argument("--pool-datasets", action="store_true", help="compare runs on different datasets together")
     p.add_argument("--out", default=None, help="output folder (default compare/<experiment>[/<sweep>])")
     p.add_argument(
         "--no-log", action="store_true", help="do not log the figure and CSVs to the sweep's parent run"
@@ -138,7 +155,7 @@ def main(argv: list[str]) -> int:
 
 
 def _guard(fn, argv: list[str], bad_input: int) -> int:
-    from callbacks.mlflow_logger import TrackingServerUnreachable
+    from callbacks.tracking import TrackingServerUnreachable
 
     try:
         return fn(argv)
@@ -150,7 +167,7 @@ def _guard(fn, argv: list[str], bad_input: int) -> int:
 
 
 def _plan(args: argparse.Namespace):
-    from callbacks.mlflow_logger import default_tracking_uri
+    from callbacks.tracking import default_tracking_uri
     from sweeps.launchers import trainer_args
     from sweeps.runner import SweepPlan
     from sweeps.spec import canonicalize, checkpoint_root, expand, experiment_of, load_sweep, validate
@@ -171,7 +188,7 @@ def _plan(args: argparse.Namespace):
 
 
 def sweep_main(argv: list[str]) -> int:
-    from callbacks.mlflow_logger import check_tracking_server
+    from callbacks.tracking import check_tracking_server
     from sweeps import launchers
     from sweeps.runner import (
         InProcess,
@@ -188,6 +205,12 @@ def sweep_main(argv: list[str]) -> int:
         raise SweepError(f"--workers must be at least 1, got {args.workers}")
     if args.in_process and (args.workers > 1 or args.launcher != "local" or args.exec_prefix):
         raise SweepError("--in-process runs one point at a time in this process: drop --workers/--launcher")
+    if args.dry_run:  # what the file says, at once; checking it against the base config imports the trainer
+        from sweeps.spec import expand, load_sweep
+
+        spec = load_sweep(args.config)
+        print(f"sweep {spec.name}: {len(expand(spec))} point(s) of {spec.base.name}; checking them against the "
+              "base config ...", flush=True)
     plan = _plan(args)
     n = len(plan.points)
     only = sorted(set(args.point)) if args.point else None
@@ -311,7 +334,7 @@ def _write_slurm(args: argparse.Namespace, plan) -> Path:
 
 
 def compare_main(argv: list[str]) -> int:
-    from callbacks.mlflow_logger import check_tracking_server, default_tracking_uri
+    from callbacks.tracking import check_tracking_server, default_tracking_uri
     from sweeps.compare import compare, slug, table, write_outputs
     from sweeps.runner import client_for
 
@@ -322,7 +345,10 @@ def compare_main(argv: list[str]) -> int:
     check_tracking_server(uri)
     client = client_for(uri)
     result = compare(
-        client, args.experiment, args.metric, by=args.by, sweep=args.sweep, x=args.x, mode=args.mode
+        client, args.experiment, args.metric, by=args.by, sweep=args.sweep, x=args.x, mode=args.mode,
+        agg=args.agg, steps=args.steps, baseline=args.baseline, x_per_group=args.per_group,
+        leave_one_out=args.leave_one_out, pool_datasets=args.pool_datasets, where=args.where,
+        bootstrap=args.bootstrap,
     )
     print(table(result))
     out = Path(args.out) if args.out else Path("compare") / slug(args.experiment) / slug(args.sweep or "all")

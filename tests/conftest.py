@@ -40,3 +40,29 @@ def paperlab_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _migrated_mlfl
 @pytest.fixture
 def repo_root() -> Path:
     return REPO
+
+
+def _tree_files() -> set[str]:
+    """Every file under the repository outside .git and the virtual environment (ignored ones included)."""
+    skip = {".git", ".venv", "__pycache__", ".ruff_cache", ".pytest_cache"}
+    out = set()
+    for path in REPO.rglob("*"):
+        rel = path.relative_to(REPO)
+        if path.is_file() and not skip.intersection(rel.parts) and not rel.parts[0].endswith(".egg-info"):
+            out.add(str(rel))
+    return out
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config._paperlab_files = _tree_files()  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Tests write only under their temporary directories: a file they leave in the repository fails the run."""
+    before = getattr(session.config, "_paperlab_files", None)
+    if before is None or os.environ.get("PAPERLAB_ALLOW_TREE_WRITES"):
+        return
+    new = sorted(_tree_files() - before)
+    if new:
+        print(f"\ntests wrote into the repository (they must write under tmp_path): {new[:10]}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

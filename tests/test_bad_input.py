@@ -47,7 +47,8 @@ def test_nan_loss_stops_names_the_step_fails_the_run_and_keeps_the_last_good_che
     paperlab_tmp: Path, capsys: pytest.CaptureFixture
 ) -> None:
     rc = cli_main(["fit", "--config", BASE, *SMALL, "--model.class_path", "tests.helpers.NaNAtStep",
-                   "--model.init_args.nan_step", "25", "--run.experiment", "mlp_classifier"])
+                   "--model.init_args.nan_step", "25", "--run.experiment", "mlp_classifier",
+                   "--run.name", "yinyang"])
     err = capsys.readouterr().err
     assert rc == 1
     assert "NaN or infinite at step 25" in err and "Traceback" not in err
@@ -62,7 +63,8 @@ def test_ctrl_c_marks_the_run_killed_and_writes_a_checkpoint(paperlab_tmp: Path)
     stopper = paperlab_tmp / "stopper.yaml"
     stopper.write_text(yaml.safe_dump({"trainer": {"callbacks": [
         {"class_path": "tests.helpers.SignalAtStep", "init_args": {"step": 25, "signum": int(SIGINT)}}]}}))
-    proc = run_main(["fit", "--config", BASE, "--config", str(stopper), *SMALL], cwd=paperlab_tmp)
+    proc = run_main(["fit", "--config", BASE, "--config", str(stopper), *SMALL, "--run.name", "stopper"],
+                    cwd=paperlab_tmp)
     assert proc.returncode == 1, proc.stderr[-2000:]
     (run,) = runs_of("mlp_classifier")
     assert run.info.status == "KILLED"

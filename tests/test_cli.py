@@ -25,7 +25,8 @@ def test_every_experiment_config_has_an_explicit_integer_seed() -> None:
 
 @pytest.mark.parametrize("config", EXPERIMENT_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_fit_then_test_from_config(config: Path, paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
-    rc = cli_main(["fit", "--config", str(config), *TINY])
+    name = ["--run.name", config.stem]  # TINY's overrides would otherwise name the run (test_run_names)
+    rc = cli_main(["fit", "--config", str(config), *TINY, *name])
     if rc != 0:
         # Paper-scale configs read hub data: offline they must fail with the one-line hint, nothing else.
         err = capsys.readouterr().err
@@ -34,7 +35,7 @@ def test_fit_then_test_from_config(config: Path, paperlab_tmp: Path, capsys: pyt
     method = config.parent.name
     ckpt_dir = paperlab_tmp / "checkpoints" / method / config.stem
     assert (ckpt_dir / "last.ckpt").is_file()
-    assert cli_main(["test", "--config", str(config), *TINY, "--ckpt_path", "last"]) == 0
+    assert cli_main(["test", "--config", str(config), *TINY, *name, "--ckpt_path", "last"]) == 0
     (run,) = runs_of(method)
     assert run.info.status == "FINISHED"
     assert run.info.run_name == config.stem
@@ -105,8 +106,8 @@ def test_override_from_command_line(capsys: pytest.CaptureFixture) -> None:
 
 def test_predict_writes_predictions(paperlab_tmp: Path) -> None:
     config = REPO / "configs/mlp_classifier/yinyang.yaml"
-    assert cli_main(["fit", "--config", str(config), *TINY]) == 0
-    assert cli_main(["predict", "--config", str(config), "--ckpt_path", "best"]) == 0
+    assert cli_main(["fit", "--config", str(config), *TINY, "--run.name", "yinyang"]) == 0
+    assert cli_main(["predict", "--config", str(config), "--ckpt_path", "best", "--run.name", "yinyang"]) == 0
     import torch
 
     preds = torch.load(paperlab_tmp / "checkpoints/mlp_classifier/yinyang/predictions.pt")

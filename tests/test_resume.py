@@ -56,10 +56,10 @@ def test_kill9_mid_epoch_then_resume_equals_uninterrupted_run(paperlab_tmp: Path
 def test_test_on_checkpoint_logs_into_the_run_that_trained_it(paperlab_tmp: Path) -> None:
     base = REPO / "configs/mlp_classifier/digits.yaml"
     small = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3"]
-    assert cli_main(["fit", "--config", str(base), *small]) == 0
+    assert cli_main(["fit", "--config", str(base), *small, "--run.name", "digits"]) == 0
     ckpt = next((paperlab_tmp / "checkpoints/mlp_classifier/digits").glob("best-*.ckpt"))
     assert cli_main(["validate", "--config", str(base), "--ckpt_path", str(ckpt)]) == 0
-    assert cli_main(["test", "--config", str(base), "--ckpt_path", "best"]) == 0
+    assert cli_main(["test", "--config", str(base), "--ckpt_path", "best", "--run.name", "digits"]) == 0
     (run,) = runs_of("mlp_classifier")
     assert "test/acc" in run.data.metrics and "val/acc" in run.data.metrics
     artifacts = [a.path for a in client().list_artifacts(run.info.run_id, "config")]
@@ -76,8 +76,8 @@ def test_resume_without_checkpoint_is_a_clear_error(paperlab_tmp: Path, capsys) 
 def test_fresh_fit_archives_the_previous_runs_checkpoints(paperlab_tmp: Path) -> None:
     base = REPO / "configs/mlp_classifier/digits.yaml"
     small = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"]
-    assert cli_main(["fit", "--config", str(base), *small]) == 0
-    assert cli_main(["fit", "--config", str(base), *small]) == 0
+    assert cli_main(["fit", "--config", str(base), *small, "--run.name", "digits"]) == 0
+    assert cli_main(["fit", "--config", str(base), *small, "--run.name", "digits"]) == 0
     first, second = sorted(runs_of("mlp_classifier"), key=lambda r: r.info.start_time)
     run_dir = paperlab_tmp / "checkpoints/mlp_classifier/digits"
     archived = paperlab_tmp / "checkpoints/mlp_classifier/digits.archive" / first.info.run_id

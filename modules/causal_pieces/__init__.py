@@ -192,10 +192,15 @@ class CausalPiecesSNN(PaperTask):
             times = self.all_spike_times(x)
         return list(zip(times[:-1], times[1:]))
 
-    @staticmethod
-    def predict_from_times(t_out: Tensor) -> Tensor:
-        """The class of the earliest output spike (ties: lowest index; no spike at all: class 0)."""
-        return torch.argmin(t_out, dim=1)
+    #: the prediction of a network whose output layer stays silent: no class, so it never counts as correct
+    NO_SPIKE = -1
+
+    @classmethod
+    def predict_from_times(cls, t_out: Tensor) -> Tensor:
+        """The class of the earliest output spike (ties: lowest index); ``NO_SPIKE`` (-1) when no output neuron
+        spikes, which every accuracy counts as wrong (a silent network does not answer)."""
+        pred = torch.argmin(t_out, dim=1)
+        return torch.where(torch.isinf(t_out).all(1), torch.full_like(pred, cls.NO_SPIKE), pred)
 
     # ---- training --------------------------------------------------------------------------------
     def step(self, batch: Any, stage: Stage) -> StepOutput:
@@ -208,9 +213,10 @@ class CausalPiecesSNN(PaperTask):
                 "the loss is not finite: lower the learning rate or model.alpha, or raise model.t_no_spike"
             )
         n = y.shape[0]
-        inputs: dict[str, Any] = {"missing_output": None, "silent_hidden": None, "t_out_mean": None}
-        if stage == "val":
-            inputs["missing_output"] = (torch.isinf(t_out).all(1).double().mean(), n)
+        # the fraction of samples without any output spike (predicted NO_SPIKE, counted wrong), every stage
+        inputs: dict[str, Any] = {"missing_output": (torch.isinf(t_out).all(1).double().mean(), n),
+                                  "silent_hidden": None, "t_out_mean": None}
+        if stage != "train":
             if len(times) > 2:
                 hidden = torch.cat([torch.isinf(t) for t in times[1:-1]], dim=1)
                 inputs["silent_hidden"] = (hidden.double().mean(), n)
@@ -261,6 +267,7 @@ class CausalPiecesSNN(PaperTask):
         if self.trainer.world_size > 1:
             reduce = lambda f: self.trainer.strategy.reduce(f, reduce_op="mean")  # noqa: E731
         self.bump_silent_weights(batch[0], reduce)
+        super().on_train_batch_end(outputs, batch, batch_idx)  # the epoch's metrics, after the bump
 
     def predict_batch(self, batch: Any) -> Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch

@@ -138,7 +138,9 @@ def nlif_first_spike_times(t_in: Tensor, w: Tensor, tau_s: float = 1.0, theta: f
 def lambertw0(x: Tensor, iters: int = 12) -> Tensor:
     """Principal branch ``W0(x)`` for real ``x >= -1/e`` (Halley's method), with its autograd derivative.
 
-    Entries below ``-1/e`` return ``nan``; callers mask them out.
+    At most ``iters`` Halley steps, fewer once every step is below ``1e-13 (1 + |W|)`` (Halley converges
+    cubically: the next step would be at rounding level). Entries below ``-1/e`` return ``nan``; callers mask
+    them out.
     """
     with torch.no_grad():
         xd = x.detach()
@@ -152,6 +154,9 @@ def lambertw0(x: Tensor, iters: int = 12) -> Tensor:
             denom = ew * wp1 - (w + 2.0) * f / (2.0 * torch.where(wp1.abs() < 1e-300, 1e-300, wp1))
             step = torch.where(denom != 0, f / denom, torch.zeros_like(f))
             w = w - step
+            done = (step.abs() <= 1e-13 * (1.0 + w.abs())) | ~torch.isfinite(step)
+            if bool(done.all()):
+                break
         w = torch.where(xd < -1.0 / math.e, torch.full_like(w, math.nan), w)
         # dW/dx = 1 / (e^W (1 + W)), finite at x = 0 and infinite only at the branch point
         dw = 1.0 / (torch.exp(w) * torch.clamp(w + 1.0, min=1e-12))
@@ -171,14 +176,26 @@ def lif_first_spike_times(
         e = torch.where(finite, torch.exp(s / tau_s), torch.zeros_like(s))
         a = torch.cumsum(ws * e, dim=-1)
         b = torch.cumsum(ws * (e * s / tau_s), dim=-1)
-        ok = a > 0
-        a_safe = torch.where(ok, a, torch.ones_like(a))
-        # b/a is a weighted mean of the shifted input times; a large value only makes the argument < -1/e
-        ba = torch.clamp(b / a_safe, max=50.0)
-        arg = -(theta / tau_s) / a_safe * torch.exp(ba)
-        ok = ok & (arg >= -1.0 / math.e)
-        wv = lambertw0(torch.where(ok, arg, torch.zeros_like(arg)))
-        return _first_valid(tau_s * (ba - wv), ok, s, s_next, finite, ref)
+        # On interval k, u(t) = tau_s e^{-t/tau_s} (a t/tau_s - b): one critical point, at t*/tau_s = 1 + b/a,
+        # a maximum for a > 0 (for a <= 0, u stays below max(u(s_k), 0) < theta). u(s_k) < theta, so the interval
+        # holds the first crossing iff s_k <= t* and u(min(t*, s_k+1)) >= theta: a test without Lambert W, which
+        # is then evaluated only at the selected interval of each (sample, neuron).
+        pos = a > 0
+        a_safe = torch.where(pos, a, torch.ones_like(a))
+        ba = b / a_safe
+        t_peak = tau_s * (1.0 + ba)
+        t_end = torch.minimum(t_peak, s_next)
+        u_end = tau_s * torch.exp(-t_end / tau_s) * (a * t_end / tau_s - b)
+        ok = pos & finite & (s <= t_peak + _TOL) & (u_end >= theta)
+        idx, has = _first_index(ok)
+        a_sel, ba_sel = a_safe.gather(-1, idx).squeeze(-1), ba.gather(-1, idx).squeeze(-1)
+        ba_sel = torch.where(has, ba_sel, torch.zeros_like(ba_sel))
+        # exp(b/a) could overflow only where the peak is below theta: that never reaches the selected entries
+        arg = -(theta / tau_s) / torch.where(has, a_sel, torch.ones_like(a_sel)) * torch.exp(ba_sel)
+        # rounding can put a peak that touches theta a hair below the branch point -1/e
+        arg = torch.where(has, arg.clamp(min=-1.0 / math.e), torch.zeros_like(arg))
+        t = tau_s * (ba_sel - lambertw0(arg)) + ref.t()
+        return torch.where(has, t, torch.full_like(t, math.inf)).t()
     if math.isclose(tau_m, 2.0 * tau_s, rel_tol=1e-12):
         s, finite, ref, ws, s_next = _sorted_inputs(t_in, w)
         A = torch.cumsum(ws * torch.where(finite, torch.exp(s / tau_m), torch.zeros_like(s)), dim=-1)

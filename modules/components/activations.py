@@ -12,7 +12,7 @@ the attribute through ``activation_bias``; a new activation is classified by set
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 import torch
@@ -144,6 +144,23 @@ def get_activation(name: str, clip: float | None = None, sparsity: float | None 
     if sparsity is not None:
         return factory(sparsity)
     return factory()
+
+
+#: the keyword arguments an activation takes from a config's ``activation_args``
+ACTIVATION_ARGS = ("clip", "sparsity")
+
+
+def make_activation(name: str, args: Mapping[str, float] | None = None) -> nn.Module:
+    """``get_activation(name, **args)`` for the ``activation_args`` mapping of a config
+    (``{clip: 8.0}`` for ``relu2_clip`` / ``gelu2_clip``, ``{sparsity: 0.9}`` for ``quantile_relu``)."""
+    args = dict(args or {})
+    unknown = sorted(set(args) - set(ACTIVATION_ARGS))
+    if unknown:
+        raise ConfigError(
+            f"activation_args {unknown} unknown: an activation takes {list(ACTIVATION_ARGS)} "
+            "(clip for relu2_clip / gelu2_clip, sparsity for quantile_relu)"
+        )
+    return get_activation(name, **{k: float(v) for k, v in args.items()})
 
 
 def activation_bias(module: nn.Module) -> bool | None:

@@ -9,7 +9,7 @@ from typing import Literal
 from torch import Tensor, nn
 
 from errors import ConfigError
-from modules.components.activations import get_activation
+from modules.components.activations import make_activation
 
 
 class MLP(nn.Module):
@@ -26,6 +26,8 @@ class MLP(nn.Module):
         activation: activation after every hidden layer (``modules.components.activations``).
         bias: linear layers with biases.
         init: ``"default"`` (PyTorch's uniform init) or ``"kaiming"`` (He-normal weights, zero biases).
+        activation_args: keyword arguments of the activation, e.g. ``{sparsity: 0.9}`` for ``quantile_relu``
+            (the forced-sparsity sweep of paper 000-09) or ``{clip: 8.0}`` for ``relu2_clip``.
     """
 
     def __init__(
@@ -36,6 +38,7 @@ class MLP(nn.Module):
         activation: str = "relu",
         bias: bool = True,
         init: Literal["default", "kaiming"] = "default",
+        activation_args: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
         if init not in ("default", "kaiming"):
@@ -49,7 +52,7 @@ class MLP(nn.Module):
         layers: list[nn.Module] = []
         width = in_dim
         for h in hidden:
-            layers += [nn.Linear(width, h, bias=bias), get_activation(activation)]
+            layers += [nn.Linear(width, h, bias=bias), make_activation(activation, activation_args)]
             width = h
         layers.append(nn.Linear(width, out_dim, bias=bias))
         self.layers = nn.Sequential(*layers)

@@ -1,22 +1,43 @@
 """A tiny decoder-only transformer (GPT) with a selectable MLP activation.
 
 Defaults match minGPT's ``gpt-nano`` (3 layers, 3 heads, width 48) over a byte/char vocabulary of 128.
-Pre-norm blocks ``x + Attn(LN(x))``, ``x + MLP(LN(x))``; learned positional embeddings. The MLP is
+Pre-norm blocks ``x + Attn(N(x))``, ``x + MLP(N(x))``; learned positional embeddings. The MLP is
 ``blocks.{i}.mlp = Sequential(fc, act, proj)``: ``proj`` (the down-projection) is the layer that reads the
 activation's output, which is where weight-drift diagnostics look.
+
+The norm ``N`` is LayerNorm (default) or RMSNorm (``norm="rmsnorm"``, as in the modded-nanoGPT models of
+paper 000-09). The choice matters for weight drift. LayerNorm subtracts the feature mean, so the gradient it
+passes back, ``dL/dx``, sums to zero over features for every token; the residual stream's gradient is a sum
+of such terms (every read of the stream goes through a norm), so a layer writing into the stream
+(``attn.proj``, ``mlp.proj``) gets weight-gradient columns that sum to zero and its mean weight cannot move
+under SGD. A layer reading a LayerNorm output (``attn.qkv``, ``mlp.fc``) reads features that sum to zero
+while the norm's gain is uniform (at initialisation), so its mean gradient is zero there too. RMSNorm only
+rescales, and neither identity holds.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from errors import ConfigError
-from modules.components.activations import get_activation
+from modules.components.activations import make_activation
+
+Norm = Literal["layernorm", "rmsnorm"]
+
+
+def make_norm(norm: Norm, dim: int, bias: bool = True) -> nn.Module:
+    """``nn.LayerNorm(dim)`` (with a bias when ``bias``) or ``nn.RMSNorm(dim)`` (a gain, no bias)."""
+    if norm == "layernorm":
+        return nn.LayerNorm(dim, bias=bias)
+    if norm == "rmsnorm":
+        return nn.RMSNorm(dim)
+    raise ConfigError(f"norm must be 'layernorm' or 'rmsnorm', got {norm!r}")
 
 
 class SelfAttention(nn.Module):
@@ -54,7 +75,11 @@ CausalSelfAttention = SelfAttention
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block ``x + Attn(LN(x))``, ``x + MLP(LN(x))`` (shared by the tiny ViT)."""
+    """Pre-norm transformer block ``x + Attn(N(x))``, ``x + MLP(N(x))`` (shared by the tiny ViT).
+
+    ``N`` is ``norm`` (LayerNorm or RMSNorm); ``clip`` and ``activation_args`` are the activation's keyword
+    arguments (``activation_args`` wins where both give one).
+    """
 
     def __init__(
         self,
@@ -66,14 +91,17 @@ class Block(nn.Module):
         bias: bool = False,
         causal: bool = True,
         clip: float | None = None,
+        norm: Norm = "layernorm",
+        activation_args: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.ln_1 = make_norm(norm, n_embd, bias)
         self.attn = SelfAttention(n_embd, n_head, dropout, bias, causal)
-        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.ln_2 = make_norm(norm, n_embd, bias)
         self.mlp = nn.Sequential()
         self.mlp.add_module("fc", nn.Linear(n_embd, mlp_ratio * n_embd, bias=bias))
-        self.mlp.add_module("act", get_activation(activation, clip=clip))
+        act_args = {**({"clip": clip} if clip is not None else {}), **(activation_args or {})}
+        self.mlp.add_module("act", make_activation(activation, act_args))
         self.mlp.add_module("proj", nn.Linear(mlp_ratio * n_embd, n_embd, bias=bias))
         self.mlp_drop = nn.Dropout(dropout)
 
@@ -90,6 +118,16 @@ class TinyGPT(nn.Module):
 
     Initialisation follows GPT-2/minGPT: N(0, 0.02) weights, residual output projections scaled by
     ``1/sqrt(2 n_layer)`` so the residual stream's variance does not grow with depth.
+
+    Args:
+        block_size, vocab_size: context length and vocabulary (linked from the DataModule).
+        n_layer, n_head, n_embd, mlp_ratio: depth, heads, width and MLP expansion.
+        activation: the MLP activation (``activation_names()``); ``activation_args`` its keyword arguments
+            (``{clip: 8.0}`` for ``relu2_clip`` / ``gelu2_clip``).
+        dropout, bias, tie_weights: dropout in the blocks, biases in linear layers and norms, head tied to
+            the token embedding.
+        norm: ``layernorm`` (default) or ``rmsnorm`` in every block and before the head (see the module
+            docstring for why weight-drift studies use ``rmsnorm``).
     """
 
     def __init__(
@@ -104,6 +142,8 @@ class TinyGPT(nn.Module):
         dropout: float = 0.0,
         bias: bool = False,
         tie_weights: bool = True,
+        norm: Norm = "layernorm",
+        activation_args: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(block_size, int):
@@ -116,9 +156,12 @@ class TinyGPT(nn.Module):
         self.pos_emb = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
-            [Block(n_embd, n_head, activation, mlp_ratio, dropout, bias) for _ in range(n_layer)]
+            [
+                Block(n_embd, n_head, activation, mlp_ratio, dropout, bias, norm=norm, activation_args=activation_args)
+                for _ in range(n_layer)
+            ]
         )
-        self.ln_f = nn.LayerNorm(n_embd, bias=bias)
+        self.ln_f = make_norm(norm, n_embd, bias)
         self.head = nn.Linear(n_embd, vocab_size, bias=False)
         if tie_weights:
             self.head.weight = self.tok_emb.weight

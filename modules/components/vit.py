@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from errors import ConfigError
-from modules.components.tiny_gpt import Block
+from modules.components.tiny_gpt import Block, Norm, make_norm
 
 
 class ViT(nn.Module):
@@ -23,8 +23,12 @@ class ViT(nn.Module):
         num_classes: classes.
         patch_size: side of a square patch (must divide the image side).
         dim, depth, heads, mlp_ratio: transformer width, number of blocks, heads, MLP expansion.
-        activation: the MLP activation (see ``activation_names()``).
+        activation: the MLP activation (see ``activation_names()``); ``activation_args`` its keyword
+            arguments (``{clip: 8.0}`` for ``relu2_clip``).
         dropout: dropout inside the blocks.
+        norm: ``layernorm`` (default) or ``rmsnorm``, in the blocks and before the head. Under LayerNorm the
+            layers writing into the residual stream have a mean weight gradient of exactly zero (see
+            ``modules.components.tiny_gpt``), so weight-drift studies use ``rmsnorm``.
     """
 
     def __init__(
@@ -38,6 +42,8 @@ class ViT(nn.Module):
         mlp_ratio: int = 4,
         activation: str = "gelu",
         dropout: float = 0.0,
+        norm: Norm = "layernorm",
+        activation_args: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
         if len(in_shape) != 3 or in_shape[1] != in_shape[2]:
@@ -51,9 +57,13 @@ class ViT(nn.Module):
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos = nn.Parameter(torch.randn(1, n_patches + 1, dim) * 0.02)
         self.blocks = nn.ModuleList(
-            [Block(dim, heads, activation, mlp_ratio, dropout, bias=True, causal=False) for _ in range(depth)]
+            [
+                Block(dim, heads, activation, mlp_ratio, dropout, bias=True, causal=False, norm=norm,
+                      activation_args=activation_args)
+                for _ in range(depth)
+            ]
         )
-        self.ln = nn.LayerNorm(dim)
+        self.ln = make_norm(norm, dim)
         self.head = nn.Linear(dim, num_classes)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -12,7 +12,13 @@ import torch
 from lightning.pytorch.loggers import Logger
 from torch import nn
 
-from callbacks.causal_pieces import CausalPieceCounter, count_pieces, pack_bits, piece_ids
+from callbacks.causal_pieces import (
+    CausalPieceCounter,
+    count_pieces,
+    line_piece_counts,
+    pack_bits,
+    piece_ids,
+)
 from callbacks.diagnostic import Schedule
 from datamodules.spike_encoding import SpikeYinYangDataModule
 from modules.causal_pieces import CausalPiecesSNN
@@ -22,7 +28,13 @@ from tests.helpers import CleanDistributedExit
 
 def naive_piece_count(pairs, mode: str) -> tuple[int, list[int]]:
     """Per sample, per layer, per neuron a frozenset causal set; count distinct tuples in a Python set."""
-    pieces, layer_sets = set(), [set() for _ in pairs]
+    keys, layer_sets = naive_piece_keys(pairs, mode)
+    return len(set(keys)), [len(s) for s in layer_sets]
+
+
+def naive_piece_keys(pairs, mode: str) -> tuple[list[tuple], list[set]]:
+    """Every sample's piece as a tuple of per-layer frozensets of (neuron, causal set), and the per-layer sets."""
+    pieces, layer_sets = [], [set() for _ in pairs]
     pairs = [(p.tolist(), q.tolist()) for p, q in pairs]
     for b in range(len(pairs[0][0])):
         t_last = pairs[-1][1][b]
@@ -37,8 +49,8 @@ def naive_piece_count(pairs, mode: str) -> tuple[int, list[int]]:
             if l > 0:
                 n_prev = len(pairs[l - 1][1][b])
                 relevant = sorted({i for s in sets.values() for i in s if i < n_prev})
-        pieces.add(tuple(key))
-    return len(pieces), [len(s) for s in layer_sets]
+        pieces.append(tuple(key))
+    return pieces, layer_sets
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +78,28 @@ def test_snn_count_matches_naive_loop(yy, mode, key):
     assert res.samples == 800 and res.fraction == ref / 800
     assert 0 < res.entropy <= math.log2(res.count) + 1e-9
     assert int(res.counts.sum()) == 800
+
+
+@pytest.mark.parametrize("mode", ["path", "full"])
+def test_line_pieces_match_a_naive_walk_along_each_segment(yy, mode):
+    """Pieces along segments between samples: 1 + the number of consecutive points whose naive piece keys
+    differ, segment by segment; inputs that do not spike at one end switch at the midpoint."""
+    x, _ = yy
+    model = CausalPiecesSNN(hidden_sizes=[12], init_mean=[1.0, 0.5], init_std=[0.8, 0.8], init_seed=0)
+    starts, ends = x[:6].clone(), x[6:12].clone()
+    starts[0, 1] = math.inf  # one input silent at the start of segment 0 only
+    got = line_piece_counts(model, starts, ends, points=50, mode=mode)
+    for p in range(6):
+        pts = []
+        for s in torch.linspace(0, 1, 50, dtype=torch.float64).tolist():
+            pt = (1 - s) * starts[p] + s * ends[p]
+            pt[~torch.isfinite(starts[p])] = (starts[p] if s < 0.5 else ends[p])[~torch.isfinite(starts[p])]
+            pts.append(pt)
+        keys, _ = naive_piece_keys(model.spike_times((torch.stack(pts),)), mode)
+        assert int(got[p]) == 1 + sum(a != b for a, b in zip(keys[:-1], keys[1:]))
+    assert got.min() >= 2 and got.max() < 50  # neither constant nor a new piece at every point
+    with pytest.raises(ValueError, match="line_points"):
+        line_piece_counts(model, starts, ends, points=1)
 
 
 def test_path_mode_ignores_irrelevant_neurons():
@@ -184,6 +218,27 @@ def test_callback_logs_at_fit_start_and_every_n_epochs():
     restored = CausalPieceCounter()
     restored.load_state_dict(cb.state_dict())
     assert restored.history == cb.history
+
+
+def test_a_path_and_a_full_counter_log_under_their_own_keys_with_line_pieces():
+    dm = SpikeYinYangDataModule(train_size=200, val_size=20, test_size=20, batch_size=100)
+    model = CausalPiecesSNN(hidden_sizes=[10], init_seed=0)
+    path = CausalPieceCounter(schedule=Schedule(every_n_epochs=1), piece_map=False, lines=5, line_points=40)
+    full = CausalPieceCounter(schedule=Schedule(every_n_epochs=0), mode="full", piece_map=False)
+    logger = _Capture()
+    dm.setup()
+    x = dm.splits["train"][0]
+    expected = {"count": count_pieces(model, [(x,)]).count, "full": count_pieces(model, [(x,)], mode="full").count}
+    L.Trainer(max_epochs=1, logger=logger, callbacks=[path, full], enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0).fit(model, dm)
+    first = {k: v for _, m in logger.metrics for k, v in m.items() if k.startswith("diag/")}
+    assert path.state_key != full.state_key
+    assert path.history[0]["count_init"] == expected["count"] and full.history[0]["full/count_init"] == expected["full"]
+    assert expected["full"] >= expected["count"]  # full mode also keys off-path neurons
+    assert not any(k.endswith(("_sum", "_n")) for k in first)
+    # the segments are pairs of the first 10 training samples in the (seeded) training order
+    assert "diag/causal_pieces/line_pieces_init" in first and "diag/causal_pieces/full/count_init" in first
+    assert path.history[0]["line_pieces_init"] == path.history[0]["line_pieces"] >= 1
 
 
 def test_piece_map_figure_is_an_mlflow_artifact(paperlab_tmp):

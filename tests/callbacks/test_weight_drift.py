@@ -78,6 +78,33 @@ def test_roles_on_every_architecture():
     assert t.roles["stem.0"] == "other"
     assert all(r == "downstream" for n, r in t.roles.items() if n != "stem.0")
     assert t.roles["fc"] == "downstream" and t.roles["stages.1.0.shortcut.0"] == "downstream"
+    assert t.readout == "fc"
+
+
+def test_readout_is_the_last_layer_run():
+    torch.manual_seed(0)
+    for model, x, readout in [
+        (TinyGPT(norm="rmsnorm"), torch.randint(0, 128, (2, 8)), "head"),
+        (ViT(norm="rmsnorm"), torch.rand(2, 1, 8, 8), "head"),
+        (nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)), torch.randn(2, 3), "4"),
+    ]:
+        with InputSourceTracer(model) as t:
+            model(x)
+        assert t.readout == readout and t.order[-1] == readout
+    # a layer run twice counts where it last ran: the read-out is the last weight layer of the forward pass
+    lin, out = nn.Linear(3, 3), nn.Linear(3, 2)
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.out = lin, out
+
+        def forward(self, x):
+            return self.out(self.lin(self.lin(x)))
+
+    with InputSourceTracer(Twice()) as t:
+        t.model(torch.randn(2, 3))
+    assert t.order == ["lin", "out"] and t.readout == "out"
 
 
 def _model(**kw):
@@ -107,6 +134,35 @@ def test_logged_values_equal_direct_computation():
     assert cb.roles == {"net.layers.0": "other", "net.layers.2": "downstream", "net.layers.4": "downstream"}
     assert last["downstream_mean_drift"] == pytest.approx(sum(drifts) / 2, abs=1e-12)
     assert all(cb.history[0][f"{n}/drift"] == 0.0 for n in w0)
+    # the read-out (net.layers.4) is kept apart: the hidden summary is layers.2 alone
+    assert cb.readout == "net.layers.4"
+    w2 = model.net.layers[2].weight.detach().double()
+    assert last["hidden_mean_drift"] == pytest.approx((w2 - w0["net.layers.2"].double()).mean().item(), abs=1e-12)
+    assert last["hidden_frac_negative"] == pytest.approx((w2 < 0).double().mean().item())
+    assert last["readout_drift"] == last["net.layers.4/drift"]
+    assert last["readout_frac_negative"] == last["net.layers.4/frac_negative"]
+    assert last["hidden_grad_mean"] == last["net.layers.2/grad_mean"]
+    assert last["readout_grad_mean"] == last["net.layers.4/grad_mean"]
+
+
+def test_hidden_summary_is_the_same_quantity_behind_tanh():
+    """``hidden_*`` averages the layers reading an activation, biased or symmetric, except the read-out, so the
+    relu rows and their tanh control compare one quantity."""
+    torch.manual_seed(0)
+    model = drift_model(hidden=[16, 16, 16], activation="tanh")
+    w0 = {n: m.weight.detach().clone() for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    cb = WeightDrift(schedule=Schedule(every_n_steps=3))
+    _trainer([cb], 3).fit(model, _data())
+    assert cb.roles == {"net.layers.0": "other", "net.layers.2": "symmetric", "net.layers.4": "symmetric",
+                        "net.layers.6": "symmetric"}
+    assert cb.readout == "net.layers.6"
+    last = cb.history[-1]
+    mods = dict(model.named_modules())
+    drifts = [(mods[n].weight.detach().double() - w0[n].double()).mean().item() for n in ("net.layers.2", "net.layers.4")]
+    assert last["hidden_mean_drift"] == pytest.approx(sum(drifts) / 2, abs=1e-12)
+    assert last["hidden_grad_mean"] == pytest.approx(
+        (last["net.layers.2/grad_mean"] + last["net.layers.4/grad_mean"]) / 2, abs=1e-15)
+    assert "downstream_mean_drift" not in last and last["readout_drift"] == last["net.layers.6/drift"]
 
 
 def test_grad_mean_is_the_gradient_of_the_logged_step():
@@ -135,7 +191,7 @@ def test_state_dict_round_trip():
     fresh.load_state_dict(state)
     for n, w in cb.initial.items():
         assert torch.equal(fresh.initial[n], w)
-    assert fresh.roles == cb.roles and fresh.history == cb.history
+    assert fresh.roles == cb.roles and fresh.history == cb.history and fresh.readout == cb.readout == "net.layers.4"
     assert fresh.compute(model) == cb.compute(model)
 
 

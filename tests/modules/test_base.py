@@ -107,3 +107,43 @@ def test_hparams_keep_only_own_arguments_in_storable_form():
 def test_literal_arguments_are_checked():
     with pytest.raises(ConfigError, match=r"kind must be one of \['a', 'b'\], got 'c'"):
         _Linear(kind="c")
+
+
+class _Lengths(PaperTask):
+    """Step outputs whose shapes vary between steps: the deferred update falls back to one per step."""
+
+    paper_id, monitor, monitor_mode = "test", "val/loss", "min"
+
+    def __init__(self, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), lr_scheduler=None) -> None:
+        from torchmetrics.aggregation import CatMetric, MeanMetric
+
+        super().__init__(optimizer, lr_scheduler, metrics={"cat": CatMetric(), "mean": MeanMetric()})
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def step(self, batch, stage):
+        (x,) = batch
+        return StepOutput(self.w.sum() + x.mean(), n=x.numel(), inputs={"cat": x.flatten(), "mean": x})
+
+
+@pytest.mark.parametrize("flush_every", [1, 3, 32])
+def test_deferred_metric_updates_equal_immediate_ones(flush_every, monkeypatch):
+    monkeypatch.setattr(_Lengths, "metric_flush_every", flush_every)
+    model = _Lengths()
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.rand(n, k, generator=gen),) for n, k in ((2, 3), (4, 3), (1, 5), (3, 5), (2, 1))]
+    for b in batches:  # trailing sizes differ: "mean" cannot concatenate (2, 3) with (1, 5)
+        model._run_step(b, "val")
+    out = model.epoch_metrics("val")
+    flat = torch.cat([x.flatten() for (x,) in batches])
+    assert torch.equal(out["val/cat"], flat)
+    assert out["val/mean"].item() == pytest.approx(flat.mean().item(), rel=1e-6)
+    losses = torch.stack([x.mean() for (x,) in batches]).double()
+    weights = torch.tensor([x.numel() for (x,) in batches], dtype=torch.float64)
+    assert out["val/loss"].item() == pytest.approx(((losses * weights).sum() / weights.sum()).item(), rel=1e-6)
+
+
+def test_kept_step_inputs_hold_no_graph():
+    model = _Linear()
+    model._run_step((torch.randn(4, 4), torch.randint(0, 3, (4,))), "train")
+    kept = [a for calls in model._pending["train"].values() for call in calls for a in call]
+    assert kept and all(not getattr(a, "requires_grad", False) for a in kept)

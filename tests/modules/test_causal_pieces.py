@@ -69,6 +69,75 @@ def test_closed_forms_match_grid_on_yinyang_test_set(yy_test, name, closed, tau_
             assert frac >= 0.99, f"{name}: only {frac:.4f} of {n} spikes agree within 2 dt"
 
 
+def ode_first_spike_times(
+    t_in: torch.Tensor, w: torch.Tensor, tau_s: float = 1.0, theta: float = 1.0, tau_m: float | None = None,
+    t_tail: float = 12.0, scan: float = 5e-3,
+) -> torch.Tensor:
+    """Independent reference: integrate ``dI/dt = -I/tau_s``, ``du/dt = -u/tau_m + I`` (C = 1) with scipy's
+    DOP853 at ``rtol = atol = 1e-12``, segment by segment between the sorted input spikes (``I`` jumps by
+    ``w_i`` at ``t_i``), until ``t_tail`` after the last input; the first crossing ``u = theta`` is located on
+    the dense output (scanned every ``scan``, then ``brentq`` to 1e-14). No closed form is used."""
+    import numpy as np
+    from scipy.integrate import solve_ivp
+    from scipy.optimize import brentq
+
+    t_np, w_np = t_in.numpy(), w.numpy()
+    (b_size, _), m = t_np.shape, w_np.shape[1]
+    out = np.full((b_size, m), np.inf)
+    leak = 0.0 if tau_m is None else 1.0 / tau_m
+
+    def f(t, y):
+        return np.concatenate([-y[:m] / tau_s, -leak * y[m:] + y[:m]])
+
+    for b in range(b_size):
+        order = np.argsort(t_np[b], kind="stable")
+        keep = np.isfinite(t_np[b][order])
+        times, ws = t_np[b][order][keep], w_np[order][keep]
+        edges = [*times, times[-1] + t_tail]
+        y, pending = np.zeros(2 * m), np.ones(m, dtype=bool)
+        for k in range(len(times)):
+            y[:m] += ws[k]
+            lo, hi = edges[k], edges[k + 1]
+            if hi > lo and pending.any():
+                sol = solve_ivp(f, (lo, hi), y, method="DOP853", rtol=1e-12, atol=1e-12, dense_output=True)
+                grid = np.linspace(lo, hi, max(3, math.ceil((hi - lo) / scan) + 1))
+                above = (sol.sol(grid)[m:] >= theta) & pending[:, None]
+                for j in np.nonzero(above.any(1))[0]:
+                    i = int(above[j].argmax())
+                    out[b, j] = lo if i == 0 else brentq(
+                        lambda t, j=j, sol=sol: sol.sol(t)[m + j] - theta, grid[i - 1], grid[i], xtol=1e-14, rtol=1e-14
+                    )
+                    pending[j] = False
+                y = sol.y[:, -1].copy()
+    return torch.from_numpy(out)
+
+
+@pytest.mark.parametrize("name,closed,tau_m", FORMS, ids=[f[0] for f in FORMS])
+def test_closed_forms_match_an_accurate_ode_solution(yy_test, name, closed, tau_m):
+    """Every closed form against the ODE solved by scipy (tight tolerances, segmented at input spikes) to 1e-6
+    tau_s: spike or no spike must agree and every spike time must. A uniform shift of the spike times by
+    0.018 tau_s, a wrong Lambert-W branch or root, a missed inhibitory dip all fail here (the 2-dt grid test
+    above does not see the first). Both layers: Yin-Yang inputs with mixed-sign weights, then hidden spike
+    times (some silent) into a second layer with about a third of its weights negative."""
+    x, _ = yy_test
+    ode_tau_m = None if name == "nlif" else tau_m
+    gen = torch.Generator().manual_seed(1)
+    w1 = torch.randn(5, 16, generator=gen, dtype=torch.float64) * 0.8 + 0.6
+    h = closed(x[:8], torch.randn(5, 60, generator=gen, dtype=torch.float64) * 0.8 + 1.2)
+    w2 = torch.randn(60, 6, generator=gen, dtype=torch.float64) * 0.8 + 0.3
+    for t_in, w in ((x[:24], w1), (h, w2)):
+        t_c, t_ref = closed(t_in, w), ode_first_spike_times(t_in, w, tau_m=ode_tau_m)
+        horizon = torch.where(torch.isfinite(t_in), t_in, -math.inf).max(1, keepdim=True).values + 12.0
+        before = ~(torch.isfinite(t_c) & (t_c >= horizon - 1e-6))  # later spikes are past the ODE's horizon
+        assert (~before).sum() <= 2, f"{name}: too many spikes past the reference horizon"
+        both = torch.isfinite(t_c) & torch.isfinite(t_ref)
+        assert torch.equal(torch.isfinite(t_c)[before], torch.isfinite(t_ref)[before]), f"{name}: spike sets differ"
+        assert 0.1 < both.double().mean() < 1.0 or t_in is h, f"{name}: want silent and spiking neurons"
+        assert both.sum() >= 40
+        err = (t_c - t_ref)[both].abs().max().item()
+        assert err <= 1e-6, f"{name}: closed form and ODE differ by {err:.3g} tau_s"
+
+
 def test_nlif_brute_force_membrane_with_inhibition():
     """u(t) evaluated densely from the analytic PSPs: the closed form is the first threshold crossing."""
     gen = torch.Generator().manual_seed(3)
@@ -177,6 +246,19 @@ def test_missing_output_spikes_keep_training_alive():
     )
     trainer.fit(model, dm)
     assert torch.isfinite(model(x)).any(1).float().mean() > 0.9
+
+
+def test_a_silent_output_layer_counts_as_wrong_and_is_logged():
+    """No output spike = no answer: predicted NO_SPIKE (-1), never correct (it used to be class 0, which scored
+    a dead network about 1/3 on Yin-Yang); the fraction is logged as <stage>/missing_output."""
+    t_out = torch.tensor([[math.inf] * 3, [0.5, math.inf, 0.2], [math.inf, 1.0, math.inf]], dtype=torch.float64)
+    assert CausalPiecesSNN.predict_from_times(t_out).tolist() == [CausalPiecesSNN.NO_SPIKE, 2, 1]
+    dead = CausalPiecesSNN(hidden_sizes=[8], init_mean=[-1.0, -1.0], init_std=[0.1, 0.1], init_seed=0)
+    dm = SpikeYinYangDataModule(train_size=30, val_size=30, test_size=300)
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    res = trainer.test(dead, dm, verbose=False)[0]
+    assert res["test/acc"] == 0.0 and res["test/missing_output"] == 1.0
+    assert (trainer.predict(dead, dm.test_dataloader())[0] == CausalPiecesSNN.NO_SPIKE).all()
 
 
 def test_training_learns_yinyang_quickly():

@@ -172,3 +172,84 @@ def test_vit_attention_is_not_causal():
     x2 = x.clone()
     x2[..., -2:, -2:] += 1.0  # the last patch: the [CLS] token (position 0) must still see it
     assert (vit(x) - vit(x2)).abs().max() > 1e-5
+
+
+# --- the norm choice of the transformers (paper 000-09: LayerNorm hides the drift) ---------------------------
+
+
+def _relative_mean_grads(model, loss_of) -> dict[str, float]:
+    """``mean(dL/dW) / mean|dL/dW|`` of every ``attn.qkv``/``attn.proj``/``mlp.fc``/``mlp.proj`` weight."""
+    model.zero_grad()
+    loss_of(model).backward()
+    return {
+        n: (p.grad.double().mean() / p.grad.double().abs().mean()).item()
+        for n, p in model.named_parameters()
+        if n.endswith(("attn.qkv.weight", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight"))
+    }
+
+
+def _gpt_loss(m):
+    idx = torch.randint(0, 128, (8, 33), generator=torch.Generator().manual_seed(1))
+    return torch.nn.functional.cross_entropy(m(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten())
+
+
+def _vit_loss(m):
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.rand(16, 1, 8, 8, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+    return torch.nn.functional.cross_entropy(m(x), y)
+
+
+@pytest.mark.parametrize("arch", ["gpt", "vit"])
+def test_layernorm_zeroes_the_mean_gradient_rmsnorm_does_not(arch):
+    """LayerNorm's backward removes the feature mean, so the residual-writing layers (attn.proj, mlp.proj) get
+    weight-gradient columns summing to zero, and the layers reading a LayerNorm output (qkv, fc) read
+    zero-mean features at init: their mean gradient is 0 up to float32 rounding. RMSNorm has neither."""
+    from modules.components.vit import ViT
+
+    rel = {}
+    for norm in ("layernorm", "rmsnorm"):
+        torch.manual_seed(0)
+        if arch == "gpt":
+            model = TinyGPT(block_size=32, n_layer=2, n_embd=24, n_head=2, activation="relu", norm=norm)
+            rel[norm] = _relative_mean_grads(model, _gpt_loss)
+        else:
+            model = ViT(dim=24, depth=2, heads=2, activation="relu", norm=norm)
+            rel[norm] = _relative_mean_grads(model, _vit_loss)
+        expected = torch.nn.LayerNorm if norm == "layernorm" else torch.nn.RMSNorm
+        norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm | torch.nn.RMSNorm)]
+        assert len(norms) == 2 * 2 + 1 and all(type(m) is expected for m in norms)
+    assert len(rel["layernorm"]) == 2 * 4
+    # float32 rounding of a sum of ~1e3 terms: ~1e-7 relative; the measured values are ~1e-8
+    assert max(abs(v) for v in rel["layernorm"].values()) < 1e-5, rel["layernorm"]
+    # RMSNorm: 1e-3 .. 2e-1 of the mean |gradient| (measured), two orders of magnitude above the bound
+    assert sum(abs(v) for v in rel["rmsnorm"].values()) / len(rel["rmsnorm"]) > 1e-3, rel["rmsnorm"]
+    assert min(abs(v) for v in rel["rmsnorm"].values()) > 1e-5, rel["rmsnorm"]
+
+
+def test_norm_default_is_layernorm_and_bad_choice_fails():
+    from modules.components.vit import ViT
+
+    assert type(TinyGPT().blocks[0].ln_1) is torch.nn.LayerNorm and type(TinyGPT().ln_f) is torch.nn.LayerNorm
+    assert type(ViT().ln) is torch.nn.LayerNorm
+    with pytest.raises(ValueError, match="norm must be one of|norm must be"):
+        TinyGPT(norm="batchnorm")
+
+
+def test_activation_args_reach_the_activation():
+    from modules.components.mlp import MLP
+    from modules.components.vit import ViT
+
+    mlp = MLP(16, 3, hidden=[200, 200], activation="quantile_relu", activation_args={"sparsity": 0.9})
+    acts = [m for m in mlp.layers if type(m).__name__ == "QuantileReLU"]
+    assert len(acts) == 2 and all(a.sparsity == 0.9 for a in acts)
+    h = mlp.layers[:2](torch.randn(32, 16, generator=torch.Generator().manual_seed(0)))
+    assert (h == 0).double().mean().item() == pytest.approx(0.9, abs=1.5 / 200)
+    assert MLP(16, 3, activation="relu2_clip", activation_args={"clip": 4.0}).layers[1].clip == 4.0
+    assert MLP(16, 3, activation="relu2_clip").layers[1].clip == 50.0  # the default is unchanged
+    gpt = TinyGPT(n_layer=1, activation="relu2_clip", activation_args={"clip": 4.0})
+    assert gpt.blocks[0].mlp.act.clip == 4.0
+    assert ViT(dim=12, heads=2, depth=1, activation="gelu2_clip", activation_args={"clip": 2.0}).blocks[0].mlp.act.clip == 2.0
+    with pytest.raises(ValueError, match="activation_args"):
+        MLP(16, 3, activation="relu", activation_args={"slope": 0.1})
+    with pytest.raises(ValueError, match="only applies"):
+        MLP(16, 3, activation="relu", activation_args={"sparsity": 0.5})

@@ -1,0 +1,149 @@
+"""The diagnostic base: one Schedule, one emit path, state keyed by arguments, capability checks, presets."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from callbacks.diagnostic import Diagnostic, Moment, Schedule
+from callbacks.protocols import PerSampleLoss
+from errors import ConfigError
+from tests.helpers import REPO
+
+
+def test_schedule_steps_by_hand():
+    assert Schedule(every_n_steps=4).steps(12) == [0, 4, 8, 12]
+    assert Schedule(at_fit_start=False, every_n_steps=5).steps(11) == [5, 10]
+    # log-spaced: the steps round(10^(k/n)), n per decade
+    for n in (2, 4, 10):
+        expected = sorted({round(10 ** (k / n)) for k in range(3 * n + 1)})
+        assert Schedule(at_fit_start=False, log_spaced=n).steps(1000) == expected
+    assert Schedule(at_fit_start=False, log_spaced=4).steps(100) == [1, 2, 3, 6, 10, 18, 32, 56, 100]
+    assert Schedule(every_n_steps=50, log_spaced=2).steps(100) == [0, 1, 3, 10, 32, 50, 100]
+    assert Schedule(every_n_epochs=2).due_epoch(4) and not Schedule(every_n_epochs=2).due_epoch(3)
+    with pytest.raises(ConfigError, match="every_n_steps"):
+        Schedule(every_n_steps=-1)
+
+
+class _Norm(Diagnostic):
+    """|W|^2 of every Linear layer: a sum over ranks would double it, so its reduction is None."""
+
+    name = "norm"
+
+    def __init__(self, schedule: Schedule = Schedule(every_n_steps=2), scale: float = 1.0,
+                 if_unsupported="error", plot=False, max_history=3) -> None:
+        super().__init__(schedule, if_unsupported, plot, max_history)
+        self.scale = scale
+
+    def measure(self, trainer, pl_module, moment: Moment):
+        return {"sq": self.scale * sum(float(m.weight.pow(2).sum()) for m in pl_module.modules()
+                                       if isinstance(m, nn.Linear))}
+
+
+class _Needs(Diagnostic):
+    name = "needs"
+    requires = (PerSampleLoss,)
+
+    def measure(self, trainer, pl_module, moment):
+        return {"x": 1.0}
+
+
+class _Tiny(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(3, 2)
+
+    def training_step(self, batch, i):
+        return self.net(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 3)), batch_size=4)
+
+
+class _Capture(L.pytorch.loggers.Logger):
+    name, version = "capture", "0"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[tuple[int, dict]] = []
+
+    def log_metrics(self, metrics, step=None):
+        self.logged.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+
+def _fit(callbacks, steps=6, logger=None):
+    model = _Tiny()
+    trainer = L.Trainer(max_steps=steps, logger=logger or False, callbacks=callbacks, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model)
+    return trainer, model
+
+
+def test_measures_at_the_schedule_emits_once_and_keeps_a_bounded_history():
+    logger = _Capture()
+    cb = _Norm()
+    trainer, model = _fit([cb], steps=6, logger=logger)
+    assert [h["step"] for h in cb.history] == [2, 4, 6]  # fit start (0) dropped: max_history is 3
+    logged = [(s, m) for s, m in logger.logged if "diag/norm/sq" in m]
+    assert [s for s, _ in logged] == [0, 2, 4, 6]
+    assert logged[-1][1]["diag/norm/sq"] == pytest.approx(float(model.net.weight.pow(2).sum()))
+    assert trainer.callback_metrics["diag/norm/sq"].item() == pytest.approx(logged[-1][1]["diag/norm/sq"])
+
+
+def test_state_key_includes_the_arguments_so_two_instances_keep_their_own_state():
+    a, b = _Norm(scale=1.0), _Norm(scale=2.0)
+    assert a.state_key != b.state_key and a.state_key == _Norm(scale=1.0).state_key
+    trainer, _ = _fit([a, b], steps=2)
+    states = {cb.state_key: cb.state_dict() for cb in (a, b)}
+    fresh_a, fresh_b = _Norm(scale=1.0), _Norm(scale=2.0)
+    fresh_b.load_state_dict(states[fresh_b.state_key])
+    fresh_a.load_state_dict(states[fresh_a.state_key])
+    assert fresh_b.history[-1]["sq"] == pytest.approx(2 * fresh_a.history[-1]["sq"])
+
+
+def test_missing_capability_is_one_line_or_is_skipped_once(caplog):
+    with pytest.raises(ConfigError, match=r"_Needs needs _Tiny.per_sample_loss\(batch\)"):
+        _fit([_Needs(Schedule(every_n_steps=1))], steps=1)
+    cb = _Needs(Schedule(every_n_steps=1), if_unsupported="skip")
+    with caplog.at_level("INFO"):
+        _fit([cb], steps=3)
+    assert cb.history == [] and not cb.active
+    assert sum("is off for this run" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_schedule_that_never_measures_is_refused():
+    with pytest.raises(ConfigError, match="never measure"):
+        _Norm(Schedule(at_fit_start=False))
+
+
+PRESET_CASES = [("economy", "weight_drift/tiny_gpt_text")] + [
+    ("full", c) for c in ("mlp_classifier/yinyang", "weight_drift/tiny_gpt_text", "causal_pieces/yinyang", "bvpo/bvpo")
+]
+
+
+@pytest.mark.parametrize("preset, config", PRESET_CASES, ids=["-".join(c) for c in PRESET_CASES])
+def test_diagnostics_presets_stack_on_any_experiment(config, preset, paperlab_tmp: Path, capsys):
+    from main import cli_main
+    from tests.helpers import TINY, client, runs_of
+
+    rc = cli_main(["fit", "--config", str(REPO / f"configs/{config}.yaml"), "--config",
+                   str(REPO / f"configs/diagnostics/{preset}.yaml"), *TINY, "--trainer.limit_train_batches", "4"])
+    assert rc == 0, capsys.readouterr().err[-2000:]
+    (run,) = runs_of(config.split("/")[0])
+    name = run.info.run_name  # named by the experiment config and the overrides, not by the preset
+    assert name.startswith(config.split("/")[1] + " ") and preset not in name
+    keys = set(client().get_run(run.info.run_id).data.metrics)
+    assert any(k.startswith("diag/") for k in keys), keys
+    assert not math.isnan(sum(v for k, v in run.data.metrics.items() if k.startswith("diag/") and "noise" not in k
+                              and math.isfinite(v)))
