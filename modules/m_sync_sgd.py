@@ -109,7 +109,8 @@ class SimulatedDistributedSGD(PaperTask):
         self.n_workers, self.method, self.lr, self.epsilon = n_workers, method, lr, epsilon
         self.time_model = time_model if time_model is not None else ComputeTimeModel()
         self.divergence_bound = divergence_bound
-        self.seed = seed = int(seed) if seed is not None else int(torch.initial_seed())
+        # torch.initial_seed() may be any 64-bit value (no seed_everything): fold it so 2 seed + 1 fits
+        self.seed = seed = int(seed) if seed is not None else int(torch.initial_seed()) % 2**62
         time_gen = torch.Generator().manual_seed(seed * 2 + 1)
         self.noise_gen = torch.Generator().manual_seed(seed * 2)
         if method == "msync" or method == "sync":
