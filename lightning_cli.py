@@ -52,6 +52,9 @@ for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.traine
     logging.getLogger(_name).addFilter(_DropTip())
 # torch 2.13 deprecates a pytree check Lightning 2.6 still makes on every fit; nothing a user can change
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+# PaperTask logs its metrics once per epoch whatever log_every_n_steps is, so an epoch shorter than the
+# interval loses nothing: the warning would only tell a user to change a setting that does not matter here
+warnings.filterwarnings("ignore", message=r".*is smaller than the logging interval Trainer\(log_every_n_steps.*")
 
 
 def config_stem(config_files: Any) -> str:

@@ -75,6 +75,7 @@ def fit_overhead(steps: int, every: int, rounds: int) -> dict[str, float]:
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
+    from callbacks.diagnostic import Schedule
     from callbacks.gradient_variance import GradientVariance
 
     class LM(L.LightningModule):
@@ -97,7 +98,7 @@ def fit_overhead(steps: int, every: int, rounds: int) -> dict[str, float]:
 
     def run(with_cb: bool) -> float:
         torch.manual_seed(0)
-        cbs = [GradientVariance(every_n_steps=every)] if with_cb else []
+        cbs = [GradientVariance(schedule=Schedule(every_n_steps=every))] if with_cb else []
         trainer = L.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, callbacks=cbs,
                             enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
         start = time.perf_counter()
@@ -138,7 +139,7 @@ def main() -> None:
     if not args.skip_fit:
         from callbacks.gradient_variance import GradientVariance
 
-        every = GradientVariance().every_n_steps
+        every = GradientVariance().schedule.every_n_steps
         f = fit_overhead(args.fit_steps, every, args.fit_rounds)
         print(f"Lightning fit, {args.fit_steps} steps, callback every {every} steps, median of "
               f"{args.fit_rounds}: plain {f['plain']:.2f} s, with callback {f['callback']:.2f} s, "

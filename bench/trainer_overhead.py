@@ -197,6 +197,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    sys.argv = sys.argv[:1]  # the CLI gets its arguments from `args=`; Lightning warns when argv has others
     torch.set_num_threads(args.threads)
     workdir = Path(tempfile.mkdtemp(prefix="paperlab-bench-"))
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"

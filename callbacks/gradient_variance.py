@@ -2,15 +2,24 @@
 
 ``estimate_gradient_variance(model, per_sample_loss, batch)`` works on any ``nn.Module`` (see
 ``callbacks.grad_variance``); the ``GradientVariance`` callback runs it inside Lightning.
+``per_sample_gradients(model, per_sample_loss, batch)`` returns the ``(B, P)`` per-sample gradients
+themselves, by the same paths.
 
 Protocol: the LightningModule exposes ``per_sample_loss(batch) -> (B,)``, the loss l_i of each sample
 alone (mean over its own tokens), such that the training loss is the mean over samples. The callback
 logs, every ``every_n_steps`` optimizer steps, on the batch just trained on (before the optimizer step):
-  diag/grad_var/trace          tr(Sigma): unbiased sum over parameters of the variance of g_i = grad l_i
-  diag/grad_var/grad_norm_sq   |mean_i g_i|^2
-  diag/grad_var/noise_scale    tr(Sigma) / |G|^2 (McCandlish et al. 2018, B_simple)
-  diag/grad_var/minibatch_var  tr(Sigma) / B: the variance of the batch-mean gradient
-  diag/grad_var/<module>/{trace,grad_norm_sq,noise_scale}   per layer (``per_layer=True``)
+  diag/grad_var/trace                  tr(Sigma): unbiased sum over parameters of the variance of g_i = grad l_i
+  diag/grad_var/grad_norm_sq           |gbar|^2 = |mean_i g_i|^2, the batch gradient's squared norm
+  diag/grad_var/grad_norm_sq_unbiased  |gbar|^2 - tr(Sigma) / B: unbiased estimate of |G|^2 = |E g_i|^2
+  diag/grad_var/noise_scale            tr(Sigma) / unbiased |G|^2 (McCandlish et al. 2018, B_simple; NaN when
+                                       the unbiased |G|^2 <= 0)
+  diag/grad_var/noise_scale_plugin     tr(Sigma) / |gbar|^2 (what this key held before: it estimates
+                                       B / (1 + B / n), so it saturates near the batch size)
+  diag/grad_var/minibatch_var          tr(Sigma) / B: the variance of the batch-mean gradient
+  diag/grad_var/n                      B, the samples measured
+  diag/grad_var/<module>/<key>         per layer (``per_layer=True``), the first five keys
+tr(Sigma) and minibatch_var scale with the square of the loss (half the loss, a quarter of the variance);
+the noise scales do not, so compare estimators by them (see ``callbacks.grad_variance.stats``).
 
 It never touches ``.grad`` or the optimizer, so the training step is unchanged. With gradient
 accumulation it uses the last micro-batch of the window; under mixed precision it computes with autocast
@@ -28,13 +37,20 @@ import torch
 from torch import nn
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
-from callbacks.grad_variance import GradientVarianceEstimator, GradStats, estimate_gradient_variance, finalize
+from callbacks.grad_variance import (
+    GradientVarianceEstimator,
+    GradStats,
+    estimate_gradient_variance,
+    finalize,
+    per_sample_gradients,
+)
 from callbacks.grad_variance.estimator import METHODS, param_groups
 from callbacks.grad_variance.per_sample import batch_size, slice_batch
 from callbacks.protocols import PerSampleLoss
 from errors import ConfigError
 
-__all__ = ["GradientVariance", "estimate_gradient_variance"]
+__all__ = ["GradientVariance", "estimate_gradient_variance", "per_sample_gradients"]
+KEYS = ("trace", "grad_norm_sq", "grad_norm_sq_unbiased", "noise_scale", "noise_scale_plugin")
 
 
 class GradientVariance(Diagnostic):
@@ -125,7 +141,7 @@ class GradientVariance(Diagnostic):
 
     def metrics(self, result: dict) -> dict[str, float]:
         """The logged values (without the ``diag/grad_var/`` prefix) from ``finalize``'s estimates."""
-        out = {k: float(result[k]) for k in ("trace", "grad_norm_sq", "noise_scale")}
+        out = {k: float(result[k]) for k in KEYS}
         out["minibatch_var"] = float(result["trace"]) / result["n"]
         out["n"] = float(result["n"])
         if self.per_layer:

@@ -14,7 +14,11 @@ Teacher (the SFT data, one fresh draw per training row): with prob. ``p_think`` 
 P uniform, s1 = a_i o a_j for the chosen pair with prob. ``trace_acc`` else a uniformly wrong digit (a
 slip), y = s1 o (remaining digit) (a slip can give a wrong answer); otherwise a no-thinking sequence
 whose y is correct with prob. ``nothink_acc`` else uniformly wrong. Traces are genuinely random and
-reasoning genuinely helps (0.8 vs 0.6 by default).
+reasoning genuinely helps: by default the teacher's partial result is right w.p. 0.7 and its answer
+without thinking w.p. 0.2, so the SFT policy is a reasoning model whose no-thinking mode is poor (as when a
+reasoning model's thinking is switched off) and whose empty-trace branch starts far from the thinking
+marginal. (With 0.8 / 0.6, the earlier default, the two modes end up nearly interchangeable after a few
+DPO steps, so the empty branch is almost the marginal gradient and there is little left to trade off.)
 
 Each row is ``(prompt (3,), y_star, teacher_seq (10,), y_minus, row_id)``: DPO pairs are (x, y+ = y*,
 y- = a uniformly wrong digit drawn per row); ``row_id`` keys the model's trace sampling so that it is a
@@ -110,7 +114,8 @@ class ArithTracesDataModule(TensorDataModule):
     Args:
         batch_size: global training batch size (rows = prompt + teacher sequence + preference pair).
         eval_batch_size: batch size of validation and test (held-out prompts).
-        seed: seed of the split, the teacher draws, the rejected answers and the shuffling.
+        seed: seed of the split, the teacher draws, the rejected answers and the shuffling; None: the run's
+            seed (``seed_everything``), so that a seed study varies the data as well as the initialisation.
         copies: training rows per train prompt (fresh teacher draw and y- each).
         p_think: teacher's probability of a thinking sequence.
         trace_acc: probability that the teacher's partial sum s1 is right (a slip makes y wrong).
@@ -124,14 +129,14 @@ class ArithTracesDataModule(TensorDataModule):
         self,
         batch_size: int = 64,
         eval_batch_size: int | None = 100,
-        seed: int = 0,
+        seed: int | None = None,
         copies: int = 8,
         p_think: float = 0.5,
-        trace_acc: float = 0.8,
-        nothink_acc: float = 0.6,
+        trace_acc: float = 0.7,
+        nothink_acc: float = 0.2,
         op: str = "max",
     ) -> None:
-        super().__init__(batch_size, eval_batch_size, seed)
+        super().__init__(batch_size, eval_batch_size, (torch.initial_seed() if seed is None else seed) % (1 << 62))
         if copies < 1:
             raise ConfigError(f"copies must be >= 1, got {copies}")
         for name, p in (("p_think", p_think), ("trace_acc", trace_acc), ("nothink_acc", nothink_acc)):

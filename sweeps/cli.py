@@ -125,6 +125,9 @@ def compare_parser() -> argparse.ArgumentParser:
                    help="each run's value: its last logged value (default), or the mean/min/max of its history")
     p.add_argument("--steps", default=None, metavar="A:B",
                    help="with --agg: only the history at steps A..B (either side may be empty, e.g. 500:)")
+    p.add_argument("--divide-by", default=None, metavar="METRIC",
+                   help="divide each run's value by its value of METRIC (same --agg and --steps): with --agg mean "
+                   "a ratio of means, e.g. trace / grad_norm_sq_unbiased for a noise scale over a phase")
     p.add_argument("--baseline", default=None, metavar="KEY=VALUE",
                    help="add each group's ratio to the group KEY=VALUE (a --by key), paired by seed")
     p.add_argument("--per-group", action="store_true",
@@ -348,7 +351,7 @@ def compare_main(argv: list[str]) -> int:
         client, args.experiment, args.metric, by=args.by, sweep=args.sweep, x=args.x, mode=args.mode,
         agg=args.agg, steps=args.steps, baseline=args.baseline, x_per_group=args.per_group,
         leave_one_out=args.leave_one_out, pool_datasets=args.pool_datasets, where=args.where,
-        bootstrap=args.bootstrap,
+        bootstrap=args.bootstrap, divide_by=args.divide_by,
     )
     print(table(result))
     out = Path(args.out) if args.out else Path("compare") / slug(args.experiment) / slug(args.sweep or "all")

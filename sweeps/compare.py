@@ -79,6 +79,7 @@ class Comparison:
     x_unit: str = "runs"
     where: list[str] = field(default_factory=list)
     bootstrap: tuple[float, float, int, int] | None = None  # rho's 95% interval, resamples used, grid points
+    divide_by: str | None = None
 
 
 def summarize(values: list[float]) -> tuple[float, float, float, float]:
@@ -255,13 +256,35 @@ def run_value(client: Any, run: Any, metric: str, agg: str, steps: tuple[float, 
     return {"mean": sum(values) / len(values), "min": min(values), "max": max(values)}[agg]
 
 
+EXACT_P_MAX_N = 8  # up to 8! = 40320 permutations: exact p-values are cheap
+
+
 def _spearman(pairs: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Spearman's rho and its two-sided p-value: exact (all permutations) for n <= EXACT_P_MAX_N, where
+    scipy's t approximation is wrong (it gives p = 0 for rho = 1 on 3 points; the exact value is 1/3)."""
     from scipy import stats
 
     if len(pairs) < 3 or len({a for a, _ in pairs}) < 2 or len({b for _, b in pairs}) < 2:
         return None
-    rho, p = stats.spearmanr([a for a, _ in pairs], [b for _, b in pairs])
+    xs, ys = [a for a, _ in pairs], [b for _, b in pairs]
+    rho, p = stats.spearmanr(xs, ys)
+    if len(pairs) <= EXACT_P_MAX_N:
+        p = _exact_spearman_p(xs, ys, float(rho))
     return float(rho), float(p)
+
+
+def _exact_spearman_p(xs: list[float], ys: list[float], rho: float) -> float:
+    """P(|rho| >= |observed|) over every permutation of the y ranks (ties keep their average ranks)."""
+    import itertools
+
+    import numpy as np
+    from scipy import stats
+
+    rx = stats.rankdata(xs) - (len(xs) + 1) / 2
+    ry = stats.rankdata(ys) - (len(ys) + 1) / 2
+    perms = np.array(list(itertools.permutations(ry)))
+    rhos = perms @ rx / math.sqrt(float(rx @ rx) * float(ry @ ry))
+    return float(np.mean(np.abs(rhos) >= abs(rho) - 1e-12))
 
 
 def compare(
@@ -280,6 +303,7 @@ def compare(
     pool_datasets: bool = False,
     where: list[str] | None = None,
     bootstrap: int = 0,
+    divide_by: str | None = None,
 ) -> Comparison:
     """Group the runs, compute the statistics (see the module docstring); no files written.
 
@@ -292,7 +316,10 @@ def compare(
     arm of a sweep (the table says so). ``bootstrap``
     (a number of resamples) adds a 95% percentile interval of rho from resampling the groups (grid points)
     with replacement: a resampled group brings its mean (``x_per_group``) or all its runs, so seeds of one
-    grid point are never treated as independent points.
+    grid point are never treated as independent points. ``divide_by``
+    (a metric) divides each run's value by its value of that metric, summarised the same way: with
+    ``agg="mean"`` a ratio of means (a noise scale over a phase is mean tr(Sigma) / mean |G|^2, not the mean
+    of single-step ratios, whose noisy denominators make them heavy-tailed).
     """
     if agg not in AGGREGATES:
         raise SweepError(f"--agg must be one of {AGGREGATES}, got {agg!r}")
@@ -314,6 +341,12 @@ def compare(
         raise SweepError(
             f"no run logged the metric '{metric}'" + (f" (did you mean '{close[0]}'?)" if close else "")
         )
+    if divide_by is not None:
+        if len(metrics) > 1 or any(c in metric for c in "*?["):
+            raise SweepError("--divide-by takes one --metric, not a glob")
+        if divide_by not in all_metrics:
+            close = difflib.get_close_matches(divide_by, all_metrics, n=1, cutoff=0.5)
+            raise SweepError(f"no run logged the metric '{divide_by}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
     by_keys = [resolve_key(k, available) for k in (by or [])]
     x_key = resolve_key(x, available) if x else None
     mode = mode or default_mode(metrics[0])
@@ -349,12 +382,16 @@ def compare(
         seed = str(run.data.params.get(SEED_KEY, ""))
         for m in metrics:
             value = run_value(client, run, m, agg, step_range)
+            if divide_by is not None and value is not None:
+                den = run_value(client, run, divide_by, agg, step_range)
+                value = value / den if den is not None and math.isfinite(den) and den != 0 else None
             if value is None or not math.isfinite(value):
                 missing += 1
                 continue
             rows.append(Row(run.info.run_id, run.info.run_name or run.info.run_id, keys, float(value), xv, m, seed))
     if missing:
-        excluded[f"no finite value of {metric}" + (f" ({agg} over steps {steps})" if steps else "")] = missing
+        what = metric + (f" / {divide_by}" if divide_by else "")
+        excluded[f"no finite value of {what}" + (f" ({agg} over steps {steps})" if steps else "")] = missing
     if not rows:
         raise SweepError(f"no FINISHED run has a finite value of '{metric}'")
 
@@ -371,7 +408,7 @@ def compare(
     result = Comparison(
         metric, group_keys, rows, groups, mode, x_key, parent_id=parent.info.run_id if parent else None,
         metrics=metrics, agg=agg if (agg != "last" or steps) else "last", auto_by=auto_by, excluded=excluded,
-        where=where_keys,
+        where=where_keys, divide_by=divide_by,
     )
     if baseline:
         _add_ratios(result, baseline)
@@ -506,6 +543,9 @@ def table(result: Comparison) -> str:
         body.append([*row, g.best_run, _fmt(g.best_value)])
     widths = [max(len(str(r[i])) for r in [head, *body]) for i in range(len(head))]
     what = result.metric if result.agg == "last" else f"{result.metric} ({result.agg} over its history)"
+    if result.divide_by:
+        what = (f"{result.metric} / {result.divide_by}" if result.agg == "last" else
+                f"{result.metric} / {result.divide_by} (each the {result.agg} over its history)")
     n_runs = len({r.run_id for r in result.rows})
     lines = [f"{what} ({result.mode} is best) over {n_runs} run(s)"]
     if result.where:
@@ -670,7 +710,8 @@ def write_outputs(
     from callbacks.figures import figure_png
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = slug(result.metric.replace("*", "all")) + ("_vs_" + slug(result.x) if result.x else "")
+    stem = slug(result.metric.replace("*", "all")) + ("_per_" + slug(result.divide_by) if result.divide_by else "")
+    stem += "_vs_" + slug(result.x) if result.x else ""
     named = [k for k in result.by if k not in result.auto_by]
     stem += "_by_" + "_".join(slug(_short(k)) for k in named) if named else ""
     fig = figure(result)

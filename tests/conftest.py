@@ -26,13 +26,27 @@ def _migrated_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def paperlab_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _migrated_mlflow_db: Path) -> Path:
+def hub_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hub access disabled, so the hub path fails at once instead of after connection time-outs.
+
+    The libraries read the variables when they are imported, and an earlier test may have imported them: set
+    their module constants too.
+    """
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture
+def paperlab_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _migrated_mlflow_db: Path, hub_offline: None) -> Path:
     """A temp working directory with its own MLflow sqlite store; hub access disabled (fail fast)."""
     shutil.copy(_migrated_mlflow_db, tmp_path / "mlflow.db")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("CI", os.environ.get("CI", "1"))
     return tmp_path
 

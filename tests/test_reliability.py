@@ -98,7 +98,7 @@ def test_a_run_started_with_overrides_carries_them_in_its_name_tags_and_folder(p
 
 def test_commands_print_no_noise(paperlab_tmp: Path) -> None:
     args = ["fit", "--config", str(REPO / "configs/mlp_classifier/digits.yaml"), "--trainer.max_epochs", "2",
-            "--run.name", "digits"]
+            "--run.name", "digits", "--trainer.log_every_n_steps", "1000"]  # an interval longer than the epoch
     first = run_main(args, cwd=paperlab_tmp)
     again = run_main(args, cwd=paperlab_tmp)  # a re-fit of the same run: the earlier checkpoints are archived
     for proc in (first, again):

@@ -5,7 +5,19 @@
 embeddings and norms, and ``estimator`` the automatic choice between them.
 """
 
-from callbacks.grad_variance.estimator import GradientVarianceEstimator, estimate_gradient_variance
-from callbacks.grad_variance.stats import GradStats, finalize
+from callbacks.grad_variance.estimator import (
+    GradientVarianceEstimator,
+    estimate_gradient_variance,
+    per_sample_gradients,
+)
+from callbacks.grad_variance.stats import GradStats, PerSampleGrads, estimates, finalize
 
-__all__ = ["GradStats", "GradientVarianceEstimator", "estimate_gradient_variance", "finalize"]
+__all__ = [
+    "GradStats",
+    "GradientVarianceEstimator",
+    "PerSampleGrads",
+    "estimate_gradient_variance",
+    "estimates",
+    "finalize",
+    "per_sample_gradients",
+]

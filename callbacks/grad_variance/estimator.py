@@ -13,18 +13,19 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from callbacks.grad_variance.hooks import Layout, hook_modules, hook_stats, probe_batched
 from callbacks.grad_variance.per_sample import (
     PerSampleLoss,
     batch_size,
+    loop_grads,
     loop_stats,
     slice_batch,
     trainable,
     vmap_stats,
 )
-from callbacks.grad_variance.stats import GradStats, finalize
+from callbacks.grad_variance.stats import GradStats, PerSampleGrads, finalize
 from errors import ConfigError
 
 log = logging.getLogger("callbacks.grad_variance")
@@ -115,8 +116,8 @@ class GradientVarianceEstimator:
                 log.warning("gradient variance: vmap cannot trace this model (%s); using the loop", err)
                 return "loop"
 
-    def stats(self, model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) -> GradStats:
-        """The additive sufficient statistics (sum over ranks before ``finalize``)."""
+    def _path(self, model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) -> str:
+        """The method for this call: the cached choice, re-made when the hook layout changed."""
         if batch_size(batch) < 2 and self.chosen in (None, "hooks"):
             raise ConfigError("the gradient variance needs a batch of at least 2 samples")
         if self.chosen == "hooks":
@@ -129,13 +130,30 @@ class GradientVarianceEstimator:
         if self.chosen is None:
             self.chosen = self._choose(model, per_sample_loss, batch)
             log.info("gradient variance: using the %r method for %s", self.chosen, type(model).__name__)
-        if self.chosen == "hooks":
-            if self._layout is None:
-                raise ConfigError("the hook fast path cannot follow this batch layout; use method='vmap'")
+        if self.chosen == "hooks" and self._layout is None:
+            raise ConfigError("the hook fast path cannot follow this batch layout; use method='vmap'")
+        return self.chosen
+
+    def stats(self, model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) -> GradStats:
+        """The additive sufficient statistics (sum over ranks before ``finalize``)."""
+        path = self._path(model, per_sample_loss, batch)
+        if path == "hooks":
             return hook_stats(model, per_sample_loss, batch, self._layout, self.ghost)
-        if self.chosen == "vmap":
+        if path == "vmap":
             return vmap_stats(model, per_sample_loss, batch, self.vmap_chunk_size)
         return loop_stats(model, per_sample_loss, batch)
+
+    def per_sample_grads(self, model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) -> Tensor:
+        """``(n, P)`` float64: the gradient of each sample's loss, parameters flattened in the order of
+        ``model.named_parameters()`` (trainable ones; tied weights once). Same path choice as ``stats``."""
+        path = self._path(model, per_sample_loss, batch)
+        if path == "hooks":
+            out = hook_stats(model, per_sample_loss, batch, self._layout, sink=PerSampleGrads(batch_size(batch)))
+        elif path == "vmap":
+            out = vmap_stats(model, per_sample_loss, batch, self.vmap_chunk_size, sink=PerSampleGrads(batch_size(batch)))
+        else:
+            out = loop_grads(model, per_sample_loss, batch)
+        return out.matrix(list(trainable(model)))
 
     def __call__(self, model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) -> dict:
         stats = self.stats(model, per_sample_loss, batch)
@@ -151,13 +169,24 @@ def estimate_gradient_variance(
     method: str = "auto",
     group_depth: int | None = None,
 ) -> dict:
-    """Gradient variance of a batch: ``{"n", "trace", "grad_norm_sq", "noise_scale", "groups", "method"}``.
+    """Gradient variance of a batch: ``{"n", "trace", "grad_norm_sq", "grad_norm_sq_unbiased",
+    "noise_scale", "noise_scale_plugin", "groups", "method"}``.
 
     ``per_sample_loss(model, batch)`` returns the ``(B,)`` losses l_i (each the loss of sample i alone);
     ``trace`` = tr(Sigma), the unbiased sum over parameters of the variance of the per-sample gradients
-    g_i = grad l_i; ``grad_norm_sq`` = |mean_i g_i|^2; ``noise_scale`` = trace / grad_norm_sq; ``groups``
-    has the same three per module. Gradients are never written to ``.grad``. For repeated calls on one
+    g_i = grad l_i; ``grad_norm_sq`` = |mean_i g_i|^2; ``grad_norm_sq_unbiased`` = that minus trace / B, an
+    unbiased |G|^2; ``noise_scale`` = trace / grad_norm_sq_unbiased (B_simple); ``noise_scale_plugin`` =
+    trace / grad_norm_sq; ``groups`` has the same per module (see ``callbacks.grad_variance.stats``). Gradients are never written to ``.grad``. For repeated calls on one
     model keep a ``GradientVarianceEstimator`` so that the automatic choice is made once.
     """
     with torch.enable_grad():
         return GradientVarianceEstimator(method, group_depth)(model, per_sample_loss, batch)
+
+
+def per_sample_gradients(
+    model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any, method: str = "auto"
+) -> Tensor:
+    """``(B, P)`` float64 per-sample gradients g_i = grad l_i (trainable parameters, flattened in the order
+    of ``named_parameters``), by the same paths as ``estimate_gradient_variance``; ``.grad`` untouched."""
+    with torch.enable_grad():
+        return GradientVarianceEstimator(method).per_sample_grads(model, per_sample_loss, batch)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from callbacks.grad_variance.per_sample import PerSampleLoss, batch_size, check_losses, trainable
-from callbacks.grad_variance.stats import GradStats
+from callbacks.grad_variance.stats import GradStats, PerSampleGrads
 from errors import ConfigError
 
 SUPPORTED = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
@@ -137,11 +137,13 @@ def hook_stats(
     batched: Layout,
     ghost: str = "auto",
     max_materialize_bytes: int = 256 * 2**20,
-) -> GradStats:
+    sink: GradStats | PerSampleGrads | None = None,
+) -> GradStats | PerSampleGrads:
     """Statistics for every trainable parameter; requires ``hook_modules(model)`` to be not None.
 
     ``ghost``: "never", "always" or "auto" (ghost norms for Linear weights whose per-sample gradients
-    would exceed ``max_materialize_bytes``); tied weights are always materialised.
+    would exceed ``max_materialize_bytes``); tied weights are always materialised. ``sink``: where the
+    per-sample gradients go (default a fresh ``GradStats``; a ``PerSampleGrads`` keeps them, ghost off).
     """
     mods = hook_modules(model)
     if mods is None:
@@ -173,7 +175,9 @@ def hook_stats(
         for h in handles:
             h.remove()
     grads = torch.autograd.grad(losses.sum(), [r[2] for r in records], allow_unused=True)
-    stats = GradStats(n=n)
+    stats = GradStats(n=n) if sink is None else sink
+    if isinstance(stats, PerSampleGrads):
+        ghost = "never"
     shared: dict[int, Tensor] = {}
     calls: dict[int, int] = {}
     for m, _, _ in records:
@@ -204,6 +208,6 @@ def hook_stats(
     for pid, g in shared.items():
         stats.add_per_sample(names[pid], g)
     for k, p in trainable(model).items():
-        if k not in stats.sum_sq:  # unused by this loss: zero gradient for every sample
+        if k not in stats:  # unused by this loss: zero gradient for every sample
             stats.add(k, torch.zeros((), device=p.device), torch.zeros(p.numel(), device=p.device))
     return stats

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from callbacks.grad_variance.stats import GradStats
+from callbacks.grad_variance.stats import GradStats, PerSampleGrads
 from errors import ConfigError
 
 PerSampleLoss = Callable[[nn.Module, Any], Tensor]
@@ -63,8 +63,12 @@ class _LossAdapter(nn.Module):
 
 
 def vmap_stats(
-    model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any, chunk_size: int | None = None
-) -> GradStats:
+    model: nn.Module,
+    per_sample_loss: PerSampleLoss,
+    batch: Any,
+    chunk_size: int | None = None,
+    sink: GradStats | PerSampleGrads | None = None,
+) -> GradStats | PerSampleGrads:
     n = batch_size(batch)
     params = {"model." + k: p.detach() for k, p in trainable(model).items()}
     frozen = {"model." + k: p.detach() for k, p in model.named_parameters() if not p.requires_grad}
@@ -81,7 +85,7 @@ def vmap_stats(
     g = vmap(grad(loss_one), in_dims=(None, *dims), randomness="different", chunk_size=chunk_size)(
         params, *leaves
     )
-    stats = GradStats(n=n)
+    stats = GradStats(n=n) if sink is None else sink
     for k, v in g.items():
         stats.add_per_sample(k[len("model.") :], v)
     return stats
@@ -106,3 +110,20 @@ def loop_stats(model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) -> 
     for j, k in enumerate(names):
         stats.add(k, sq[j], gs[j])
     return stats
+
+
+def loop_grads(model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) -> PerSampleGrads:
+    """The per-sample gradients themselves, one backward pass per sample (the reference)."""
+    n = batch_size(batch)
+    params = trainable(model)
+    names, tensors = list(params), list(params.values())
+    rows: list[list[Tensor]] = []
+    for i in range(n):
+        loss = check_losses(per_sample_loss(model, slice_batch(batch, slice(i, i + 1), n)), 1)[0]
+        grads = torch.autograd.grad(loss, tensors, allow_unused=True)
+        rows.append([torch.zeros(p.numel(), dtype=torch.float64, device=p.device) if gi is None
+                     else gi.detach().reshape(-1).to(torch.float64) for gi, p in zip(grads, tensors)])
+    out = PerSampleGrads(n=n)
+    for j, k in enumerate(names):
+        out.add_per_sample(k, torch.stack([r[j] for r in rows]))
+    return out

@@ -1,9 +1,12 @@
-"""GradientVariance / estimate_gradient_variance against a naive loop of single-sample backward passes."""
+"""GradientVariance / estimate_gradient_variance against a naive loop of single-sample backward passes,
+the unbiased |G|^2 and the noise scale against Monte Carlo with a known distribution of gradients."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import math
 
 import lightning as L
 import pytest
@@ -12,23 +15,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from callbacks.diagnostic import Schedule
-from callbacks.grad_variance import GradientVarianceEstimator
+from callbacks.grad_variance import GradientVarianceEstimator, GradStats, finalize, per_sample_gradients
 from callbacks.gradient_variance import GradientVariance, estimate_gradient_variance
 from datamodules.base import BatchedTensorLoader
 from modules.components.tiny_gpt import TinyGPT
 from tests.helpers import CleanDistributedExit
 
 
-def naive(model: nn.Module, loss_fn, batch) -> dict:
-    """Independent reference: stack per-sample gradients from B backward passes, centre, square."""
+def naive_rows(model: nn.Module, loss_fn, batch) -> list[list[torch.Tensor]]:
+    """Per-sample gradients from B backward passes, one list of flattened parameter gradients per sample."""
     x, y = batch
-    n = x.shape[0]
-    names = [k for k, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
     rows = []
-    for i in range(n):
+    for i in range(x.shape[0]):
         loss = loss_fn(model, (x[i : i + 1], y[i : i + 1]))[0]
         rows.append([g.reshape(-1) for g in torch.autograd.grad(loss, params)])
+    return rows
+
+
+def naive(model: nn.Module, loss_fn, batch) -> dict:
+    """Independent reference: stack per-sample gradients from B backward passes, centre, square."""
+    n = batch[0].shape[0]
+    names = [k for k, p in model.named_parameters() if p.requires_grad]
+    rows = naive_rows(model, loss_fn, batch)
     out = {"groups": {}}
     tot_t, tot_g = 0.0, 0.0
     for j, name in enumerate(names):
@@ -77,7 +86,13 @@ def test_estimator_matches_naive_loop(make, method):
     out = estimate_gradient_variance(model, loss_fn, batch, method=method)
     assert out["trace"] == pytest.approx(ref["trace"], rel=1e-5)
     assert out["grad_norm_sq"] == pytest.approx(ref["grad_norm_sq"], rel=1e-5)
-    assert out["noise_scale"] == pytest.approx(ref["trace"] / ref["grad_norm_sq"], rel=1e-5)
+    unbiased = ref["grad_norm_sq"] - ref["trace"] / 10
+    assert out["grad_norm_sq_unbiased"] == pytest.approx(unbiased, rel=1e-5)
+    assert out["noise_scale_plugin"] == pytest.approx(ref["trace"] / ref["grad_norm_sq"], rel=1e-5)
+    if unbiased > 0:
+        assert out["noise_scale"] == pytest.approx(ref["trace"] / unbiased, rel=1e-5)
+    else:
+        assert math.isnan(out["noise_scale"])
     assert set(out["groups"]) == set(ref["groups"])
     for grp, (t, g2) in ref["groups"].items():
         assert out["groups"][grp]["trace"] == pytest.approx(t, rel=1e-5, abs=1e-14)
@@ -138,6 +153,63 @@ def test_bad_per_sample_loss_shape_is_a_clear_error():
     model, _, batch = _mlp()
     with pytest.raises(ValueError, match="one loss per sample"):
         estimate_gradient_variance(model, lambda m, b: cls_loss(m, b).mean(), batch)
+
+
+@pytest.mark.parametrize("make", [_mlp, _gpt], ids=["mlp", "tiny_gpt"])
+@pytest.mark.parametrize("method", ["auto", "vmap", "loop"])
+def test_per_sample_gradients_are_the_naive_rows(make, method):
+    torch.manual_seed(0)
+    model, loss_fn, batch = make()
+    ref = torch.stack([torch.cat(r) for r in naive_rows(model, loss_fn, batch)])
+    out = per_sample_gradients(model, loss_fn, batch, method=method)
+    assert out.shape == ref.shape and out.dtype == torch.float64
+    assert torch.allclose(out, ref, rtol=1e-6, atol=1e-12)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_unbiased_grad_norm_and_noise_scale_on_a_known_gradient_distribution():
+    """g_i ~ N(mu, diag(s^2)) i.i.d.: |G|^2 = |mu|^2 and tr(Sigma) = sum s^2 are known exactly.
+
+    Over R batches of n, the mean of grad_norm_sq_unbiased is |G|^2 within 4 standard errors, while the
+    plug-in |gbar|^2 sits at |G|^2 + tr(Sigma)/n; the ratio of the means (the noise scale averaged the
+    recommended way) is tr(Sigma)/|G|^2, while the plug-in ratio is B / (1 + B / n), below n.
+    """
+    g = torch.Generator().manual_seed(0)
+    d, n, reps = 20, 8, 4000
+    mu = torch.full((d,), 0.1, dtype=torch.float64)
+    s = torch.linspace(0.2, 0.6, d, dtype=torch.float64)
+    true_g2, true_tr = mu.pow(2).sum().item(), s.pow(2).sum().item()  # B_simple = 2.93 / 0.2 = 14.6 > n
+    unb, plug, tr = [], [], []
+    for _ in range(reps):
+        rows = mu + s * torch.randn(n, d, generator=g, dtype=torch.float64)
+        stats = GradStats(n=n)
+        stats.add_per_sample("w", rows)
+        out = finalize(stats, {})
+        unb.append(out["grad_norm_sq_unbiased"])
+        plug.append(out["grad_norm_sq"])
+        tr.append(out["trace"])
+    unb, plug, tr = torch.tensor(unb), torch.tensor(plug), torch.tensor(tr)
+    se = lambda v: v.std().item() / reps**0.5  # noqa: E731
+    assert abs(unb.mean().item() - true_g2) < 4 * se(unb)
+    assert abs(tr.mean().item() - true_tr) < 4 * se(tr)
+    assert abs(plug.mean().item() - (true_g2 + true_tr / n)) < 4 * se(plug)
+    assert (plug.mean().item() - true_g2) > 10 * se(plug)  # the plug-in is visibly biased here
+    b_simple = true_tr / true_g2
+    assert tr.mean().item() / unb.mean().item() == pytest.approx(b_simple, rel=0.05)
+    plug_ratio = tr.mean().item() / plug.mean().item()
+    assert plug_ratio == pytest.approx(b_simple / (1 + b_simple / n), rel=0.05) and plug_ratio < n < b_simple
+
+
+def test_noise_scale_is_invariant_to_the_loss_scale_and_trace_is_not():
+    """Half the loss: a quarter of tr(Sigma), the same noise scale (why raw variances cannot rank estimators)."""
+    torch.manual_seed(0)
+    model, loss_fn, batch = _mlp()
+    full = estimate_gradient_variance(model, loss_fn, batch)
+    half = estimate_gradient_variance(model, lambda m, b: 0.5 * loss_fn(m, b), batch)
+    assert half["trace"] == pytest.approx(0.25 * full["trace"], rel=1e-10)
+    assert half["grad_norm_sq_unbiased"] == pytest.approx(0.25 * full["grad_norm_sq_unbiased"], rel=1e-10)
+    for k in ("noise_scale", "noise_scale_plugin"):
+        assert half[k] == pytest.approx(full[k], rel=1e-10)
 
 
 # --- the callback ------------------------------------------------------------------------------------------
@@ -204,12 +276,33 @@ def test_callback_value_and_cadence_and_unchanged_step():
         assert torch.equal(a, b)
 
 
-def test_callback_with_accumulation_and_bf16_mixed_leaves_training_unchanged():
-    cb = GradientVariance(schedule=Schedule(every_n_steps=1))
-    kw = dict(max_steps=2, devices=1, accumulate_grad_batches=2, precision="bf16-mixed")
-    model = _fit([cb], **kw)
-    assert [h["step"] for h in cb.history] == [0, 1] and all(h["n"] == 16 for h in cb.history)
-    assert all(torch.isfinite(torch.tensor(h["trace"])) and h["trace"] > 0 for h in cb.history)
+class SnapshotNet(L.Callback):
+    """A float64 copy of the network at every ``on_before_optimizer_step`` (the weights being measured)."""
+
+    def __init__(self) -> None:
+        self.nets: dict[int, nn.Module] = {}
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.nets[trainer.global_step] = copy.deepcopy(pl_module.net).double()
+
+
+def test_callback_with_accumulation_and_bf16_mixed_measures_the_last_micro_batch_in_full_precision():
+    """Under bf16-mixed with 2 accumulated micro-batches, every measurement equals the float64 naive loop on
+    the window's last micro-batch at the weights of that step: a bf16 computation (autocast left on) would
+    miss by about 1e-2, the first micro-batch or the wrong step by far more."""
+    cb, snap = GradientVariance(schedule=Schedule(every_n_steps=1)), SnapshotNet()
+    kw = dict(max_steps=3, devices=1, accumulate_grad_batches=2, precision="bf16-mixed")
+    model = _fit([cb, snap], **kw)
+    assert [h["step"] for h in cb.history] == [0, 1, 2] and all(h["n"] == 16 for h in cb.history)
+    data = TinyClassifier()
+    for h in cb.history:
+        s = int(h["step"])
+        i = (2 * s + 1) % 4  # micro-batches 2s and 2s + 1 make step s; 4 micro-batches per epoch
+        last = slice(16 * i, 16 * (i + 1))
+        ref = naive(snap.nets[s], cls_loss, (data.x[last].double(), data.y[last]))
+        assert h["trace"] == pytest.approx(ref["trace"], rel=1e-5)
+        assert h["grad_norm_sq"] == pytest.approx(ref["grad_norm_sq"], rel=1e-5)
+        assert h["noise_scale_plugin"] == pytest.approx(ref["trace"] / ref["grad_norm_sq"], rel=1e-5)
     plain = _fit([], **kw)
     for a, b in zip(model.parameters(), plain.parameters()):
         assert torch.equal(a, b)

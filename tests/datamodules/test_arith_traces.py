@@ -27,21 +27,25 @@ def test_splits_pairs_and_teacher_statistics(op):
     assert (seq[:, 4] == THINK).all() and abs(think.float().mean().item() - 0.5) < 0.03
     t_seq, t_p = seq[think], prompts[think]
     assert (t_seq[:, 9] == EOS).all() and (seq[~think][:, 7] == EOS).all()
-    # s1 is the chosen pair's result with prob. 0.8 (a slip otherwise), y follows from s1 and the third digit
+    # s1 is the chosen pair's result with prob. 0.7 (a slip otherwise), y follows from s1 and the third digit
     f = (lambda u, v: torch.maximum(u, v)) if op == "max" else (lambda u, v: (u + v) % 10)
     idx = torch.tensor(PAIRS)[t_seq[:, 5] - 13]
     pick = lambda c: t_p.gather(1, idx[:, c : c + 1]).squeeze(1)  # noqa: E731
     s1_ok = t_seq[:, 6] == f(pick(0), pick(1))
-    assert abs(s1_ok.float().mean().item() - 0.8) < 0.03
+    assert abs(s1_ok.float().mean().item() - 0.7) < 0.03  # 4.5 standard errors of 3200 draws
     assert torch.equal(t_seq[:, 8], f(t_seq[:, 6], pick(2)))
     n_ok = seq[~think][:, 6] == y[~think]
-    assert abs(n_ok.float().mean().item() - 0.6) < 0.03
+    assert abs(n_ok.float().mean().item() - 0.2) < 0.03
 
 
 def test_seeded_and_validated():
     a, b = ArithTracesDataModule(seed=1), ArithTracesDataModule(seed=1)
     a.setup(), b.setup()
     assert all(torch.equal(x, z) for x, z in zip(a.splits["train"], b.splits["train"]))
+    torch.manual_seed(1)  # seed None follows the run's seed (seed_everything seeds torch)
+    c = ArithTracesDataModule()
+    c.setup()
+    assert c.seed == 1 and all(torch.equal(x, z) for x, z in zip(a.splits["val"], c.splits["val"]))
     with pytest.raises(ValueError, match="op"):
         ArithTracesDataModule(op="product")
     with pytest.raises(ValueError, match="trace_acc"):

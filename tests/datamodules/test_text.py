@@ -54,15 +54,7 @@ def test_val_documents_are_not_in_train():
     )  # boilerplate lines may repeat, documents don't
 
 
-def test_hub_path_offline_names_the_embedded_default(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    # the libraries read these at import time: an earlier test may have imported them already
-    import datasets.config
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+def test_hub_path_offline_names_the_embedded_default(hub_offline):
     dm = CharTextDataModule(hub_id="karpathy/tiny_shakespeare")
     with pytest.raises(HubDataUnavailable, match="embedded CPython corpus"):
         dm.setup()

@@ -321,11 +321,9 @@ def test_spike_encodings():
 
 
 @pytest.mark.parametrize("cls", [SpikeFashionMNISTDataModule, SpikeEuroSATDataModule])
-def test_hub_datamodules_fail_offline_naming_the_default(cls, monkeypatch, tmp_path):
+def test_hub_datamodules_fail_offline_naming_the_default(cls, monkeypatch, tmp_path, hub_offline):
     from datamodules.hub import HubDataUnavailable
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("PAPERLAB_DATA_DIR", str(tmp_path))
     with pytest.raises(HubDataUnavailable, match="digits.yaml"):
         cls().setup()

@@ -115,6 +115,35 @@ def test_where_keeps_one_arm_and_says_so(paperlab_tmp: Path, capsys) -> None:
     assert "only the runs with model.net.activation=tanh" in out and "over 2 run(s)" in out
 
 
+def test_divide_by_is_a_ratio_of_history_means_paired_by_seed(paperlab_tmp: Path, capsys) -> None:
+    client = _store(paperlab_tmp)
+    rng = np.random.default_rng(1)
+    hist = {}
+    for alpha in ("0.5", "1.0"):
+        for seed in range(3):
+            num = [(s, float(rng.uniform(1, 2))) for s in range(0, 100, 10)]
+            den = [(s, float(rng.uniform(-0.2, 1.0))) for s in range(0, 100, 10)]  # single-step ratios blow up
+            hist[(alpha, seed)] = (num, den)
+            _run(client, f"a{alpha}-s{seed}", {"model.init_args.alpha": alpha, "seed_everything": seed}, {},
+                 history={"gv/trace": num, "gv/g2": den})
+    out = compare(client, "exp", "gv/trace", by=["alpha"], agg="mean", steps="30:", divide_by="gv/g2",
+                  baseline="alpha=1.0")
+    ratio = {k: np.mean([v for s, v in n if s >= 30]) / np.mean([v for s, v in d if s >= 30])
+             for k, (n, d) in hist.items()}
+    for grp in out.groups:
+        a = grp.keys[0]
+        assert sorted(grp.values) == pytest.approx(sorted(ratio[(a, s)] for s in range(3)), rel=1e-12)
+        assert grp.ratio[0] == pytest.approx(np.mean([ratio[(a, s)] / ratio[("1.0", s)] for s in range(3)]))
+    with pytest.raises(SweepError, match="did you mean 'gv/g2'"):
+        compare(client, "exp", "gv/trace", divide_by="gv/g3")
+    with pytest.raises(SweepError, match="not a glob"):
+        compare(client, "exp", "gv/*", divide_by="gv/g2")
+    assert cli_main(["compare", "--experiment", "exp", "--metric", "gv/trace", "--divide-by", "gv/g2",
+                     "--agg", "mean", "--by", "alpha", "--no-log", "--out", str(paperlab_tmp / "c")]) == 0
+    assert "gv/trace / gv/g2 (each the mean over its history)" in capsys.readouterr().out
+    assert (paperlab_tmp / "c" / "gv_trace_per_gv_g2_by_model.alpha.csv").is_file()
+
+
 def test_correlation_over_group_means_and_leave_one_out(paperlab_tmp: Path) -> None:
     client = _store(paperlab_tmp)
     rng = np.random.default_rng(1)
@@ -168,3 +197,22 @@ def test_bootstrap_interval_resamples_grid_points_not_seeds(paperlab_tmp: Path, 
     assert cli_main(["compare", "--experiment", "exp", "--metric", "mono", "--by", "init_mean", "--x", "count",
                      "--per-group", "--bootstrap", "100", "--no-log", "--out", str(paperlab_tmp / "c")]) == 0
     assert "95% bootstrap interval of rho, resampling the 12 grid points: [1.000, 1.000]" in capsys.readouterr().out
+
+
+def test_spearman_p_is_exact_on_few_points() -> None:
+    import itertools
+
+    from scipy import stats
+
+    from sweeps.compare import _spearman
+
+    rho, p = _spearman([(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)])
+    assert rho == pytest.approx(1.0) and p == pytest.approx(2 / 6)  # 2 of the 3! orders reach |rho| = 1
+    rng = np.random.default_rng(0)
+    xs, ys = list(rng.normal(size=6)), list(rng.normal(size=6))
+    ys[1] = ys[4]  # a tie
+    rho, p = _spearman(list(zip(xs, ys)))
+    naive = [abs(stats.spearmanr(xs, perm)[0]) >= abs(rho) - 1e-12 for perm in itertools.permutations(ys)]
+    assert p == pytest.approx(sum(naive) / len(naive))
+    xs, ys = list(rng.normal(size=12)), list(rng.normal(size=12))  # beyond 8 points: scipy's approximation
+    assert _spearman(list(zip(xs, ys)))[1] == pytest.approx(stats.spearmanr(xs, ys)[1])
