@@ -247,8 +247,9 @@ def test_divergence_stops_the_run_without_a_nonfinite_point() -> None:
 def test_fit_and_test_through_the_cli_reach_the_target(paperlab_tmp: Path) -> None:
     """The default experiment (m = 8, lr 0.8) reaches |grad f|^2 <= 0.01 in ~90 server updates and stops there."""
     config = str(REPO / "configs" / "m_sync_sgd" / "quadratic_exp.yaml")
-    assert cli_main(["fit", "--config", config, "--trainer.max_steps", "300"]) == 0
-    assert cli_main(["test", "--config", config, "--ckpt_path", "last"]) == 0
+    args = ["--config", config, "--run.name", "cli"]
+    assert cli_main(["fit", *args, "--trainer.max_steps", "300"]) == 0
+    assert cli_main(["test", *args, "--ckpt_path", "last"]) == 0
     (run,) = runs_of("m_sync_sgd")
     metrics = run.data.metrics
     assert metrics["train/target_reached"] == 1.0 and metrics["train/steps_to_target"] < 300
