@@ -96,3 +96,11 @@ def method_of(protocol: type) -> str:
     """The method a protocol asks for, with its signature as written in the protocol."""
     names = [n for n in vars(protocol) if not n.startswith("_")]
     return f"{names[0]}(batch)" if names else protocol.__name__
+
+
+@runtime_checkable
+class SimulatedClockSource(Protocol):
+    """Simulated distributed training: ``{"seconds": t, ...}`` now (optionally ``coords_up``, ``coords_down``,
+    ``grad_norm_sq``, ``target``), implemented by a module or by its strategy."""
+
+    def sim_clock(self) -> dict[str, float]: ...
