@@ -294,6 +294,7 @@ def test_fit_and_test_through_the_cli(paperlab_tmp: Path) -> None:
     assert run.data.tags["paper_id"] == "000-04" and run.data.tags["dataset"] == "digits"
 
 
+@pytest.mark.slow  # two spawned gloo processes through the CLI: 30-60 s on 2 cores
 def test_two_gloo_processes_equal_one_process_after_three_rounds(paperlab_tmp: Path) -> None:
     """Ranks split each round's clients (7 of 20: an uneven split) and all-gather the updates."""
     config = str(CONFIGS / "digits_craft.yaml")
