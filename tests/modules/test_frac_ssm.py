@@ -298,7 +298,10 @@ def _mean(runs: list[dict[str, float]], key: str) -> float:
     return sum(r[key] for r in runs) / len(runs)
 
 
-@pytest.mark.slow  # 6 runs of 300 steps at length 1100: about 12 CPU minutes; not yet run (see the docs page)
+@pytest.mark.slow  # 6 runs of 300 steps at length 1100: about 6-12 CPU minutes
+@pytest.mark.xfail(strict=True, reason="the paper's recall claim is not reproduced at this budget: both kernels "
+                   "stay at chance (long-lag gap 0.0, docs/papers/frac_ssm.md); strict: a pass means the README "
+                   "row must change")
 def test_recall_claim_at_the_claim_budget(paperlab_tmp: Path) -> None:
     """The issue's recall claim as claim_sweep.yaml runs it (3 seeds per arm, equal state, equal steps):
     accuracy on lags >= 256 at least 15 points above the exponential baseline, within 10 points below lag 32;
