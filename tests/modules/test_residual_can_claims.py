@@ -1,8 +1,8 @@
 """The claims of paper 000-02 as docs/papers/residual_can.md checks them, re-run from the stage-2 sweep files (slow).
 
 Claims 1-2 did not reproduce at the claim budget: their slow test checks that the paper's statement fails and
-that what the docs report instead holds. Claims 3-4 were not run to the end; their slow tests check the
-issue's statements and have not been run.
+that what the docs report instead holds. The slow tests of claims 3-4 check the issue's statements; at the claim
+budget both fail (claim 3: no robust arm escapes; claim 4: CauchyAct beats SiLU under DSM too), as the docs report.
 
 Each test runs one evaluation sweep (seeds 1, 2, 3; the lr of every arm was picked by its ``*_lr_sweep.yaml`` at
 seed 0) in process into this test's fresh MLflow store, groups the runs as ``python main.py compare`` does, and
