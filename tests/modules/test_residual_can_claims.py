@@ -1,8 +1,8 @@
 """The claims of paper 000-02 as docs/papers/residual_can.md checks them, re-run from the stage-2 sweep files (slow).
 
 Claims 1-2 did not reproduce at the claim budget: their slow test checks that the paper's statement fails and
-that what the docs report instead holds. Claims 3-4 were not run to the end; their slow tests check the
-issue's statements and have not been run.
+that what the docs report instead holds. The slow tests of claims 3-4 check the issue's statements; at the claim
+budget both fail (claim 3: no robust arm escapes; claim 4: CauchyAct beats SiLU under DSM too), as the docs report.
 
 Each test runs one evaluation sweep (seeds 1, 2, 3; the lr of every arm was picked by its ``*_lr_sweep.yaml`` at
 seed 0) in process into this test's fresh MLflow store, groups the runs as ``python main.py compare`` does, and
@@ -116,6 +116,8 @@ def test_check_factorial_accepts_the_claim_and_refuses_its_negations():
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="not reproduced at this budget: no robust arm escapes the trap (best mean "
+                   "0.497, needs < 0.1; docs/papers/residual_can.md); strict: a pass means the README row must change")
 def test_claim_3_factorial(paperlab_tmp: Path):
     run_sweep("factorial")
     means = group_means("factorial", "test/rel_l2", FAC_BY)
@@ -146,6 +148,8 @@ def test_check_score_accepts_the_claim_and_refuses_its_negations():
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="half reproduced: CauchyAct beats SiLU under the Fokker-Planck loss as claimed, "
+                   "but also under DSM, where the paper finds no difference (docs/papers/residual_can.md)")
 def test_claim_4_score(paperlab_tmp: Path):
     run_sweep("score")
     means = group_means("score", "test/fisher", SCORE_BY)
