@@ -80,3 +80,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if new:
         print(f"\ntests wrote into the repository (they must write under tmp_path): {new[:10]}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def _restore_environment():
+    """Put os.environ back after every test: in-process multi-process fits (Lightning's spawn/fork launchers)
+    set MASTER_PORT and friends in this process, and a later subprocess test would inherit a stale port."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
