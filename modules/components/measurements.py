@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from errors import ConfigError
+from modules.components.sparse import sparse_matmul
 
 Task = Literal["fit", "mri", "ct"]
 
@@ -92,19 +93,6 @@ def _bilinear_sample_matrix(grid: Tensor, height: int, width: int) -> Tensor:
                                    check_invariants=True).coalesce()
 
 
-class _SparseApply(torch.autograd.Function):
-    """y = M x for a constant sparse M with its transpose precomputed (torch transposes it every backward)."""
-
-    @staticmethod
-    def forward(ctx: Any, m: Tensor, mt: Tensor, x: Tensor) -> Tensor:
-        ctx.mt = mt
-        return m @ x
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[None, None, Tensor]:
-        return None, None, ctx.mt @ grad
-
-
 class ParallelBeam(nn.Module):
     """CT analog: parallel-beam line integrals ``(S, n_angles, W, C)`` at angles j pi / n_angles.
 
@@ -140,7 +128,7 @@ class ParallelBeam(nn.Module):
         if m.device != f.device:
             self._proj = m, mt = m.to(f.device), mt.to(f.device)
         x = f.permute(1, 2, 0, 3).reshape(h * w, s * c)
-        sino = _SparseApply.apply(m, mt, x.float()).to(f.dtype)  # (A W, S C)
+        sino = sparse_matmul(m, mt, x.float()).to(f.dtype)  # (A W, S C)
         return sino.reshape(self.n_angles, w, s, c).permute(2, 0, 1, 3)
 
 

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from errors import ConfigError
 from modules.components.inr import gaussian_frequencies
+from modules.components.sparse import sparse_matmul
 
 Family = Literal["grid", "fourier", "hash", "cp"]
 FAMILIES: tuple[str, ...] = ("grid", "fourier", "hash", "cp")
@@ -314,19 +315,6 @@ def hash_corners(coords: Tensor, resolution: int, table_size: int) -> tuple[Tens
     return idx, w.float()
 
 
-class _SparseMatmul(torch.autograd.Function):
-    """y = M x for a constant sparse M, with the transpose precomputed for the backward pass (torch's own
-    sparse backward transposes M at every step)."""
-
-    @staticmethod
-    def forward(ctx: Any, m: Tensor, mt: Tensor, x: Tensor) -> Tensor:
-        ctx.mt = mt
-        return m @ x
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[None, None, Tensor]:
-        return None, None, ctx.mt @ grad
-
 
 class HashField(SignalField):
     """Multi-resolution hash encoding (Instant-NGP, 2-D) with a small MLP decoder, one per signal.
@@ -389,7 +377,7 @@ class HashField(SignalField):
         m, mt = self.interpolation()
         s, n_levels, t, f = self.tables.shape
         flat = self.tables.permute(1, 2, 0, 3).reshape(n_levels * t, s * f)
-        feats = _SparseMatmul.apply(m, mt, flat)  # (P L, S F)
+        feats = sparse_matmul(m, mt, flat)  # (P L, S F)
         return feats.reshape(-1, n_levels, s, f).permute(2, 0, 1, 3).reshape(s, -1, n_levels * f)
 
     def forward(self) -> Tensor:
