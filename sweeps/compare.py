@@ -436,7 +436,12 @@ def _select(runs: list[Any], where: list[str], available: list[str]) -> tuple[li
 
 
 def _add_ratios(result: Comparison, baseline: str) -> None:
-    """Each group's values divided by the baseline group's, paired by seed (same metric)."""
+    """Each group's values divided by the baseline group's, paired by seed (same metric).
+
+    The partner of a group is the baseline group that agrees with it on every other grouping key; failing
+    that, on the other keys the user grouped by: a key compare added because it differs between the runs
+    (``activation_args`` set only for a clipped activation) often varies with the compared arm itself.
+    """
     key, sep, want = baseline.partition("=")
     if not sep:
         raise SweepError(f"--baseline takes KEY=VALUE (for example model.alpha=1.0), got {baseline!r}")
@@ -445,12 +450,20 @@ def _add_ratios(result: Comparison, baseline: str) -> None:
         raise SweepError(f"--baseline {key}: group by it too (--by {key})")
     i = result.by.index(full)
     result.baseline = f"{full}={want}"
+    if not any(r.keys[i] == want for r in result.rows):
+        raise SweepError(f"--baseline {baseline}: no run has {full} = {want!r} (values: "
+                         f"{sorted({r.keys[i] for r in result.rows})})")
+    others = [j for j in range(len(result.by)) if j != i]
+    named = [j for j in others if result.by[j] not in result.auto_by]
     for g in result.groups:
-        ref = [r for r in result.rows if r.metric == g.metric and r.keys[i] == want
-               and r.keys[:i] + r.keys[i + 1:] == g.keys[:i] + g.keys[i + 1:]]
+        candidates = [r for r in result.rows if r.metric == g.metric and r.keys[i] == want]
+        ref = [r for r in candidates if all(r.keys[j] == g.keys[j] for j in others)]
         if not ref:
-            raise SweepError(f"--baseline {baseline}: no run has {full} = {want!r} (values: "
-                             f"{sorted({r.keys[i] for r in result.rows})})")
+            ref = [r for r in candidates if all(r.keys[j] == g.keys[j] for j in named)]
+            if len({r.keys for r in ref}) > 1:
+                keys = ", ".join(_short_label(result.by[j]) for j in others if j not in named)
+                raise SweepError(f"--baseline {baseline}: several baseline groups match {g.keys} (they differ in "
+                                 f"{keys}); add --by or --where for it")
         ref_by_seed = {r.seed: r.value for r in ref}
         mine = [r for r in result.rows if r.metric == g.metric and r.keys == g.keys]
         ratios = [r.value / ref_by_seed[r.seed] for r in mine if r.seed in ref_by_seed and ref_by_seed[r.seed] != 0]

@@ -216,3 +216,25 @@ def test_spearman_p_is_exact_on_few_points() -> None:
     assert p == pytest.approx(sum(naive) / len(naive))
     xs, ys = list(rng.normal(size=12)), list(rng.normal(size=12))  # beyond 8 points: scipy's approximation
     assert _spearman(list(zip(xs, ys)))[1] == pytest.approx(stats.spearmanr(xs, ys)[1])
+
+
+def test_baseline_pairs_an_arm_whose_extra_setting_only_it_has(paperlab_tmp: Path) -> None:
+    client = _store(paperlab_tmp)
+    key = "model.init_args.net.init_args.activation"
+    for seed in range(3):
+        _run(client, f"relu-s{seed}", {key: "relu", "seed_everything": seed}, {"val/loss": 2.0 + seed})
+        _run(client, f"relu2-s{seed}", {key: "relu2", "seed_everything": seed}, {"val/loss": 1.0 + seed})
+        _run(client, f"clip-s{seed}", {key: "relu2_clip", "seed_everything": seed,
+                                       "model.init_args.net.init_args.activation_args.clip": 4.0},
+             {"val/loss": (2.0 + seed) * 1.5})
+    result = compare(client, "exp", "val/loss", by=["activation"], baseline="activation=relu")
+    assert result.auto_by == ["model.init_args.net.init_args.activation_args.clip"]
+    ratio = {g.keys[0]: g.ratio for g in result.groups}
+    assert ratio["relu2_clip"][0] == pytest.approx(1.5) and ratio["relu2_clip"][3] == 3
+    assert ratio["relu2"][0] == pytest.approx(np.mean([1 / 2, 2 / 3, 3 / 4]))
+    for seed in range(3):  # a second baseline arm that differs only in the extra key: which one is ambiguous
+        _run(client, f"relu-clip-s{seed}", {key: "relu", "seed_everything": seed,
+                                            "model.init_args.net.init_args.activation_args.clip": 2.0},
+             {"val/loss": 9.0})
+    with pytest.raises(SweepError, match="several baseline groups match"):
+        compare(client, "exp", "val/loss", by=["activation"], baseline="activation=relu")
