@@ -419,6 +419,13 @@ class SignalLadderDataModule(TensorDataModule):
         return 0
 
 
+@functools.lru_cache(maxsize=6)
+def _shapes2d_cached(n: int, size: int, seed: int) -> Tensor:
+    """``shapes2d(n, size, seed)`` generated once per process (a fit and the test after it, or several
+    experiments on the same images, share it; 10,000 images take seconds). Callers must not modify it."""
+    return shapes2d(n, size, seed)
+
+
 ImageSet = Literal["shapes2d", "digits", "hub"]
 IMAGESET_HUB_ID = "nielsr/CelebA-faces"  # CelebA's aligned faces (178 x 218 RGB), column "image"; not verified
 IMAGESET_HUB_DEFAULT = "configs/attn_hyper_inr/shapes2d.yaml (shapes2d, generated in code)"
@@ -496,9 +503,9 @@ class ImageSetDataModule(TensorDataModule):
         if self.dataset == "shapes2d":
             s = self.split_seed
             return {
-                "train": (shapes2d(self.train_size, self.size, 3 * s),),
-                "val": (shapes2d(self.val_size, self.size, 3 * s + 1),),
-                "test": (shapes2d(self.test_size, self.size, 3 * s + 2),),
+                "train": (_shapes2d_cached(self.train_size, self.size, 3 * s),),
+                "val": (_shapes2d_cached(self.val_size, self.size, 3 * s + 1),),
+                "test": (_shapes2d_cached(self.test_size, self.size, 3 * s + 2),),
             }
         x = digits_images(self.size)
         tr, va, te = seeded_split(x.shape[0], (1437, 180, 180), self.split_seed)

@@ -557,18 +557,19 @@ class HyperINRTask(PaperTask):
 
     def param_scaling(self, widths: Sequence[int]) -> dict[str, list[int]]:
         """``callbacks.protocols.ParameterScaling``: trainable counts of the three hypernetworks when the INR's
-        hidden widths are all W, for each W, with this net's other INR settings (MLPOptStepBaseline counted
-        without building it)."""
+        hidden widths are all W, for each W, with this net's other INR settings, d_model (and depth, for a
+        Trans-INR net); the others at their defaults; MLPOptStepBaseline counted without building it."""
         net = self.net
         depth = len(net.inr_widths)
         common = {"fourier_dim": net.fourier_dim, "fourier_scale": net.fourier_scale, "out_dim": net.out_dim,
                   "patch_size": net.patch_size, "image_size": net.image_size, "in_channels": net.in_channels}
         attn = {k: getattr(net, k) for k in ("d_model",) if hasattr(net, k)}
+        trans = {**attn, "depth": len(net.blocks)} if isinstance(net, TransINRBaseline) else attn
         out: dict[str, list[int]] = {"AttnOptHyperINR": [], "TransINRBaseline": [], "MLPOptStepBaseline": []}
         for w in widths:
             hidden = [int(w)] * depth
             out["AttnOptHyperINR"].append(count_parameters(AttnOptHyperINR(hidden, **common, **attn)))
-            out["TransINRBaseline"].append(count_parameters(TransINRBaseline(hidden, **common, **attn)))
+            out["TransINRBaseline"].append(count_parameters(TransINRBaseline(hidden, **common, **trans)))
             out["MLPOptStepBaseline"].append(mlp_opt_parameter_count(hidden, net.fourier_dim, net.out_dim))
         return out
 

@@ -171,6 +171,8 @@ def test_task_reports_the_three_scalings() -> None:
     assert counts["AttnOptHyperINR"][0] == counts["AttnOptHyperINR"][1] == count_parameters(
         AttnOptHyperINR(inr_widths=[16], **SMALL))
     assert counts["MLPOptStepBaseline"] == [mlp_opt_parameter_count([w], 32, 3) for w in (16, 32)]
+    trans = HyperINRTask(net=TransINRBaseline(inr_widths=[8], depth=2, **SMALL), input_shape=(3, 8, 8))
+    assert trans.param_scaling([16])["TransINRBaseline"] == [count_parameters(TransINRBaseline([16], depth=2, **SMALL))]
 
 
 # --- the task ---------------------------------------------------------------------------------------------

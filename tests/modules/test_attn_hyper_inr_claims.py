@@ -3,7 +3,8 @@
 The slow test runs ``configs/attn_hyper_inr/compare_sweep.yaml`` (AttnOptHyperINR vs TransINRBaseline at
 trainable counts within 10 %, 3 seeds) in process into this test's fresh MLflow store, groups the runs as
 ``python main.py compare`` does, and applies the claims, written once as the ``check_*`` functions below and
-tested on made-up numbers in the default suite. Nothing here is a number obtained from a run.
+tested on made-up numbers in the default suite. Nothing here is a number obtained from a run. At the claim
+budget both claims fail, as the docs report: the test is a strict xfail, which fails the day they hold.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ def _stat(metric: str) -> dict[str, Stat]:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "not reproduced at 250 steps (docs/papers/attn_hyper_inr.md): test PSNR 16.28 +- 0.53 vs Trans-INR "
+    "15.93 +- 0.26 (+0.35 dB, 3 seeds each, claim +1 dB), and the mean PSNR after step 3 (16.28) is below "
+    "step 2 (16.30)"))
 def test_reconstruction_claims(paperlab_tmp) -> None:
     assert cli_main(["sweep", "--config", str(SWEEP), "--in-process"]) == 0
     psnr = _stat("test/psnr")
