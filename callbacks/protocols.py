@@ -104,3 +104,19 @@ class SimulatedClockSource(Protocol):
     ``grad_norm_sq``, ``target``), implemented by a module or by its strategy."""
 
     def sim_clock(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class RolloutPSNR(Protocol):
+    """Iterative hypernetworks: per-signal PSNR ``(B, K)`` (or ``(B, K + 1)`` with the step-0 weights first)
+    of the weights after each rollout step on a batch."""
+
+    def rollout_psnr(self, batch: Any) -> Tensor: ...
+
+
+@runtime_checkable
+class ParameterScaling(Protocol):
+    """Hypernetworks: ``{model name: [trainable parameters at each target width W]}`` for the given widths
+    (counting only)."""
+
+    def param_scaling(self, widths: Any) -> dict[str, list[int]]: ...
