@@ -26,16 +26,20 @@ seconds), every round costs (compute) + kappa (up-coordinates per link, if ``upl
   broadcasts x+ (w_i = x+, kappa d), else worker i adds its part Q_i(x+ - x) of a Perm-K (or independent
   Rand-K) compression (w_i += Q_i(x+ - x), kappa max_i |block_i| per link); g = (1/n) sum_i g_i(w_i), the
   stochastic gradients at the workers' own points, sent uncompressed. Perm-K keeps mean_i w_i = x.
-- ``m4_inferred`` (a RECONSTRUCTION, not the paper's algorithm): MARINA-P's downlink plus M3's uplink
-  (Gruntkowska, Tyurin & Richtarik 2024): momentum z_i <- (1 - beta) z_i + beta g_i(w_i), error feedback
-  s_i <- s_i + (k/d) RandK_k(z_i - s_i) (a contractive k-coordinate message), g = (1/n) sum_i s_i (first
-  round uncompressed); a time-aware choice of how many workers to wait for: the m fastest, m minimising
-  (h_(m) + communication) (1 + sigma^2 / (m eps)) (ties to the largest m).
-- ``inkheart_inferred`` (a RECONSTRUCTION): MARINA-P's downlink; each worker computes b_i = floor(t / h_i)
-  stochastic gradients at w_i in a round of compute time t and sends a DIANA-shifted Rand-K_k message
-  C_i(gbar_i - s_i), s_i <- s_i + (k/d) C_i(gbar_i - s_i), g = sum_i (b_i/B)(s_i + C_i(gbar_i - s_i)); (t, k)
-  are fixed once by a Shadowheart-style equilibrium rule (Tyurin, Pozzi, Ilin & Richtarik 2024): minimise
-  (t + communication) (1 + omega/n) (1 + (omega + 1) sigma^2 / (B(t) eps)), omega = d/k - 1, B(t) = sum_i b_i(t).
+- ``m4_inferred`` (a RECONSTRUCTION, not the paper's algorithm): MARINA-P's Perm-K downlink; the uplink
+  sends, MARINA-style, only the change of each worker's momentum estimate z_i <- (1 - beta) z_i + beta
+  g_i(w_i) (M3's momentum, Gruntkowska, Tyurin & Richtarik 2024) restricted to the worker's own block of the
+  last downlink permutation, unscaled (after a broadcast round z_i is sent whole); the server keeps
+  g = mean_i z_i. The m fastest workers take part, m minimising (h_(m) + kappa E[up + down]) (1 + sigma^2 /
+  (m eps)) (ties to the largest m).
+- ``inkheart_inferred`` (a RECONSTRUCTION): the same round; in a round of compute time t worker i averages
+  b_i = floor(t / h_i) stochastic gradients at w_i (z_i = that mean, no momentum); t fixed once by a
+  Shadowheart-style equilibrium rule (Tyurin, Pozzi, Ilin & Richtarik 2024): the t in {j h_i} minimising
+  (t + kappa E[up + down]) (1 + sigma^2 / (B(t) eps)), B(t) = sum_i b_i(t).
+
+For a separable (diagonal) homogeneous quadratic with exact gradients and beta = 1, grad f(w_i) changes only
+on worker i's downlink block, so the block uplink is exact and both reconstructions are gradient descent in
+iterates (tested); with beta < 1 or noise the dropped off-block changes are an error that a broadcast resets.
 
 ``CompressedDDPClassifier`` is the real path's task: a classifier trained under
 ``modules.components.ddp_hooks.CompressedDDPStrategy`` (compressed gradient buckets all-reduced on
@@ -393,7 +397,7 @@ def build_server(
     k: int | None = None,
     p: float | None = None,
     downlink: Literal["permk", "randk"] = "permk",
-    momentum: float = 0.5,
+    momentum: float = 1.0,
     m: int | None = None,
     batch: int | None = None,
     round_time: float | None = None,
@@ -440,11 +444,11 @@ class CompressedDistributedSGD(PaperTask):
         h_power: 0: every worker takes h; > 0: fixed heterogeneous times.
         kappa: seconds per coordinate per link (links parallel; a broadcast costs kappa d).
         uplink_cost: count the worker -> server time (False: only the downlink costs).
-        k: coordinates of a compressed uplink message (randk_sync, m4_inferred; inkheart_inferred: None lets
-            its equilibrium rule choose) and of the Rand-K downlink; None: ceil(d / n).
+        k: coordinates of randk_sync's Rand-K uplink message and of MARINA-P's Rand-K downlink (``downlink:
+            randk``); None: ceil(d / n). (The reconstructions send Perm-K blocks.)
         p: MARINA-P's broadcast probability; None: 1/n.
         downlink: the MARINA-P downlink compressor: ``permk`` (correlated) or ``randk`` (independent).
-        momentum: m4_inferred's beta.
+        momentum: m4_inferred's beta (1: no momentum; the claim sweeps use 1, see the docs page).
         m: m4_inferred's workers awaited per round; None: its time-aware rule.
         batch: Rennala's batch B; None: n.
         round_time: inkheart_inferred's compute time per round; None (with k None): its equilibrium rule.
@@ -470,7 +474,7 @@ class CompressedDistributedSGD(PaperTask):
         k: int | None = None,
         p: float | None = None,
         downlink: Literal["permk", "randk"] = "permk",
-        momentum: float = 0.5,
+        momentum: float = 1.0,
         m: int | None = None,
         batch: int | None = None,
         round_time: float | None = None,

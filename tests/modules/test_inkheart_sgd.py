@@ -442,3 +442,15 @@ def test_claim_3_randk_uplink_with_full_broadcast_does_not_scale() -> None:
     t = {n: _best_time("randk_sync", n, (1.0, 0.5), **both) for n in (1, 64)}
     assert t[1] / t[64] < 4, t
     assert t[64] >= 0.1 * 1000 * _gd_rounds(), t  # never below the broadcasts' kappa d per GD round
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["m4_inferred", "inkheart_inferred"])
+def test_claim_4a_reconstructions_d_term_falls_with_n(method: str) -> None:
+    """kappa d / h = 100, both directions counted, sigma^2 = epsilon: the time falls >= 4x from n = 1 to 64
+    and at n = 64 beats Sync SGD and MARINA-P at any n (their floors: the broadcast, the full uplink)."""
+    kw = dict(uplink_cost=True, sigma=0.1, max_steps=1000)
+    t = {n: _mean_time(method, n, 1.0, **kw) for n in (1, 64)}
+    assert t[1] / t[64] >= 4, t
+    floors = min(_mean_time(m, 64, 1.0, **kw) for m in ("sync_sgd", "marina_p"))
+    assert t[64] < floors, (t, floors)
