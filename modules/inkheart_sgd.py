@@ -81,6 +81,10 @@ def worker_times(n: int, h: float, h_power: float = 0.0) -> list[float]:
     return [h * (i + 1) ** h_power for i in range(n)]
 
 
+def _clone(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.clone()
+
+
 class CommServer(SimulatedServer):
     """A simulated server in the h/kappa model: the clock advances by compute + kappa (up + down) per round.
 
@@ -201,13 +205,13 @@ class _MarinaDownlink(CommServer):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "w": None if self.w is None else self.w.clone(), "broadcasts": self.broadcasts,
-                "last_owner": self.last_owner}
+                "last_owner": _clone(self.last_owner)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.w = None if state["w"] is None else state["w"].clone()
         self.broadcasts = int(state["broadcasts"])
-        self.last_owner = state["last_owner"]
+        self.last_owner = _clone(state["last_owner"])
 
 
 class MarinaPServer(_MarinaDownlink):
@@ -266,11 +270,11 @@ class _BlockUplink(_MarinaDownlink):
         return x_new, None
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "z": self.z, "g": self.g}
+        return {**super().state_dict(), "z": _clone(self.z), "g": _clone(self.g)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.z, self.g = state["z"], state["g"]
+        self.z, self.g = _clone(state["z"]), _clone(state["g"])
 
 
 class M4Server(_BlockUplink):

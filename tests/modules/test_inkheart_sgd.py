@@ -279,7 +279,30 @@ def test_module_rounds_equal_the_server_run_and_stop_at_the_target() -> None:
     assert float(problem.grad(x).pow(2).sum()) <= 1e-2
 
 
+@pytest.mark.parametrize("method", ["sgd", "sync_sgd", "randk_sync", "rennala", "marina_p", "m4_inferred",
+                                    "inkheart_inferred"])
+def test_server_state_round_trips_mid_run(method: str) -> None:
+    """A server restored from its ``state_dict`` after 7 rounds continues exactly as the uninterrupted one
+    (what the module's checkpoints rely on)."""
+    problem = make_quadratic(4, dim=20, sigma=0.0, heterogeneity=0.3)
+    a = build_server(method, 4, 20, generator=torch.Generator().manual_seed(8))
+    x = problem.x0()
+    for _ in range(7):
+        x, _ = a.step(x, 0.3, exact(problem))
+    b = build_server(method, 4, 20, generator=torch.Generator().manual_seed(123))
+    b.load_state_dict(a.state_dict())
+    xa, xb = x.clone(), x.clone()
+    for _ in range(7):
+        xa, _ = a.step(xa, 0.3, exact(problem))
+        xb, _ = b.step(xb, 0.3, exact(problem))
+    assert torch.equal(xa, xb) and a.clock == b.clock
+    assert a.stats.coords_up == b.stats.coords_up and a.stats.coords_down == b.stats.coords_down
+
+
+@pytest.mark.slow
 def test_fit_and_test_through_the_cli(paperlab_tmp: Path) -> None:
+    """(slow: tests/test_cli.py already fits and tests every config on a tiny budget in the default suite;
+    this one checks that the run reaches its target and that ``test`` restores the simulator.)"""
     config = str(REPO / "configs" / "inkheart_sgd" / "quadratic_marina_p.yaml")
     args = ["--config", config, "--run.name", "cli", "--data.init_args.dim", "100"]
     assert cli_main(["fit", *args, "--trainer.max_steps", "200"]) == 0
