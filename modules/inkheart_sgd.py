@@ -654,7 +654,7 @@ class CompressedDDPClassifier(SupervisedTask):
         loss: Literal["ce", "mse"] = "ce",
         input_shape: tuple[int, ...] = (64,),
         num_classes: int = 10,
-        optimizer: OptimizerCallable = lambda p: torch.optim.SGD(p, lr=0.05),
+        optimizer: OptimizerCallable = lambda p: torch.optim.SGD(p, lr=0.1),
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__(net, loss, input_shape, num_classes, optimizer, lr_scheduler)
