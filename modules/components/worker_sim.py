@@ -72,12 +72,16 @@ class StepInfo:
 @dataclass
 class ServerStats:
     """Running counts of a server: updates, jobs started (``computed``, cancelled ones included), gradients
-    used, and jobs dropped (cancelled, or finished stale)."""
+    used, jobs dropped (cancelled, or finished stale), and the coordinates sent per link worker -> server
+    (``coords_up``) and server -> worker (``coords_down``; zero for the servers here, which communicate for
+    free: the compressed methods of ``modules/inkheart_sgd.py`` count them)."""
 
     updates: int = 0
     computed: int = 0
     used: int = 0
     dropped: int = 0
+    coords_up: float = 0.0
+    coords_down: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
