@@ -54,15 +54,15 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from torch import Tensor, nn
+from torch import Tensor
 
 from errors import ConfigError
-from modules.base import PaperTask, Stage, StepOutput, WeightedMean
 from modules.components.compression import perm_k_blocks, rand_k_rows
 from modules.components.compute_time import ComputeTimeModel
 from modules.components.mlp import MLP
+from modules.components.simulated_task import SimulatedServerTask
 from modules.components.supervised import NetFactory, SupervisedTask
-from modules.components.worker_sim import RennalaServer, ServerStepCounter, SimulatedServer
+from modules.components.worker_sim import RennalaServer, SimulatedServer
 
 __all__ = ["METHODS", "CompressedDDPClassifier", "CompressedDistributedSGD", "CommServer", "build_server",
            "worker_times"]
@@ -437,7 +437,7 @@ def build_server(
                           **common)
 
 
-class CompressedDistributedSGD(PaperTask):
+class CompressedDistributedSGD(SimulatedServerTask):
     """n simulated workers in the h/kappa time model; one training step = one server round.
 
     Args:
@@ -464,8 +464,6 @@ class CompressedDistributedSGD(PaperTask):
     """
 
     paper_id = "004-18"
-    monitor = "val/grad_norm_sq"
-    monitor_mode = "min"
 
     def __init__(
         self,
@@ -487,13 +485,7 @@ class CompressedDistributedSGD(PaperTask):
         divergence_bound: float = 1e6,
         seed: int | None = None,
     ) -> None:
-        metrics = {key: WeightedMean() for key in ("grad_norm_sq", "loss_gap", "acc", "sim_seconds")}
-        super().__init__(metrics=metrics)
-        self.automatic_optimization = False
-        if not (lr > 0 and math.isfinite(lr)):
-            raise ConfigError(f"lr must be a positive number, got {lr}")
-        if not epsilon > 0:
-            raise ConfigError(f"epsilon must be > 0, got {epsilon}")
+        super().__init__(lr, epsilon, divergence_bound, seed)
         if n_workers < 1:
             raise ConfigError(f"n_workers must be >= 1, got {n_workers}")
         worker_times(n_workers, h, h_power)
@@ -501,40 +493,20 @@ class CompressedDistributedSGD(PaperTask):
             raise ConfigError(f"kappa (seconds per coordinate) must be >= 0, got {kappa}")
         if k is not None and k < 1:
             raise ConfigError(f"k must be in [1, d], got {k}")
-        self.method, self.n_workers, self.lr, self.epsilon = method, n_workers, lr, epsilon
+        self.method, self.n_workers = method, n_workers
         self.server_args = dict(h=h, kappa=kappa, uplink_cost=uplink_cost, h_power=h_power, k=k, p=p,
                                 downlink=downlink, momentum=momentum, m=m, batch=batch, round_time=round_time)
-        self.divergence_bound = divergence_bound
-        self.seed = seed = int(seed) if seed is not None else int(torch.initial_seed()) % 2**62
-        self.noise_gen = torch.Generator().manual_seed(2 * seed)
-        self.method_gen = torch.Generator().manual_seed(2 * seed + 1)
-        self.problem: Any = None
-        self.server: Any = None
-        self.diverged = False
-        self._cache: tuple[int, dict[str, float]] | None = None
+        self.method_gen = torch.Generator().manual_seed(2 * self.seed + 1)
 
-    # --- the problem and the server -----------------------------------------------------------------------
-    def setup(self, stage: str) -> None:
-        if self.problem is not None:
-            return
-        dm = getattr(self.trainer, "datamodule", None)
-        if dm is None or not hasattr(dm, "build_problem"):
-            raise ConfigError("CompressedDistributedSGD needs a problem DataModule: "
-                              "data.class_path: datamodules.dist_problems.DistProblemDataModule")
-        self.problem = dm.build_problem(self.n_workers)
+    # --- the server, once the problem is known --------------------------------------------------------------
+    def on_problem(self) -> None:
         sigma2 = self.problem.sigma2 if self.problem.sigma2 is not None else 0.0
         self.server = build_server(self.method, self.n_workers, self.problem.dim, generator=self.method_gen,
                                    sigma2_over_eps=sigma2 / self.epsilon, **self.server_args)
-        x0 = self.problem.x0()
-        self.x = nn.Parameter(x0, requires_grad=False)
-        self.x0_scale = float(x0.abs().max())
-        pending = getattr(self, "_pending_simulator", None)
-        if pending is not None:
-            self._restore(pending)
-            self._pending_simulator = None
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return ServerStepCounter([self.x])
+    @property
+    def grad_fn(self) -> Callable[[Tensor, list[int]], Tensor]:
+        return self.grads
 
     def grads(self, points: Tensor, workers: list[int]) -> Tensor:
         """Stochastic gradients of ``workers`` at their rows of ``points`` (n, d)."""
@@ -544,100 +516,21 @@ class CompressedDistributedSGD(PaperTask):
             return exact + problem.noise(tuple(exact.shape), self.noise_gen)
         return torch.stack([problem.stochastic_grad(points[i], i, self.noise_gen) for i in workers])
 
-    # --- measurements --------------------------------------------------------------------------------------
-    def measures(self) -> dict[str, float]:
-        """f(x), |grad f(x)|^2 and f(x) - f* at the current point (cached per round)."""
-        step = self.server.stats.updates
-        if self._cache is not None and self._cache[0] == step:
-            return self._cache[1]
-        x = self.x.detach()
-        out = {"loss": self.problem.loss(x), "grad_norm_sq": float(self.problem.grad(x).pow(2).sum())}
-        if self.problem.f_star is not None:
-            out["loss_gap"] = out["loss"] - self.problem.f_star
-        self._cache = (step, out)
-        return out
-
-    def sim_clock(self) -> dict[str, float]:
-        """``callbacks.protocols.SimulatedClockSource``: seconds, coordinates per link and direction, target."""
-        if self.server is None:
-            return {"seconds": 0.0, "target": self.epsilon}
+    def clock_extras(self) -> dict[str, float]:
         stats = self.server.stats
-        out = {"seconds": float(self.server.clock), "updates": float(stats.updates),
-               "coords_up": float(stats.coords_up), "coords_down": float(stats.coords_down),
-               "target": self.epsilon}
-        if self.problem is not None:
-            meas = self.measures()
-            out["grad_norm_sq"] = meas["grad_norm_sq"]
-            if "loss_gap" in meas:
-                out["loss_gap"] = meas["loss_gap"]
-        return out
+        return {"coords_up": float(stats.coords_up), "coords_down": float(stats.coords_down)}
 
-    # --- the steps -----------------------------------------------------------------------------------------
-    def step(self, batch: Any, stage: Stage) -> StepOutput:
-        one = torch.ones((), dtype=torch.float64)
-        if stage == "train":
-            if not self.diverged:
-                x_new, _ = self.server.step(self.x.detach(), self.lr, self.grads)
-                bound = self.divergence_bound * (1.0 + self.x0_scale)
-                if not bool(torch.isfinite(x_new).all()) or float(x_new.abs().max()) > bound:
-                    self.diverged = True
-                    self.trainer.should_stop = True
-                else:
-                    self.x.data.copy_(x_new)
-            self.optimizers().step()
-            meas = self.measures()
-            return StepOutput(torch.tensor(meas["loss"]), n=1, inputs={key: None for key in self.stage_metrics["train_"]})
-        meas = self.measures()
-        inputs: dict[str, Any] = {
-            "grad_norm_sq": (one * meas["grad_norm_sq"], 1),
-            "loss_gap": (one * meas["loss_gap"], 1) if "loss_gap" in meas else None,
-            "sim_seconds": (one * self.server.clock, 1),
-            "acc": None,
-        }
-        extra = self.problem.evaluate(self.x.detach(), stage)
-        if "acc" in extra:
-            inputs["acc"] = (one * extra["acc"], 1)
-        return StepOutput(torch.tensor(meas["loss"]), n=1, inputs=inputs)
-
-    def extra_epoch_metrics(self, stage: Stage, values: dict[str, Tensor]) -> dict[str, Tensor]:
-        if stage != "train":
-            return {}
+    def epoch_extras(self) -> dict[str, float]:
         stats = self.server.stats
-        out = {
-            "train/sim_seconds": torch.tensor(float(self.server.clock)),
-            "train/updates": torch.tensor(float(stats.updates)),
-            "train/coords_up": torch.tensor(float(stats.coords_up)),
-            "train/coords_down": torch.tensor(float(stats.coords_down)),
-            "train/diverged": torch.tensor(float(self.diverged)),
-        }
+        out = {"coords_up": float(stats.coords_up), "coords_down": float(stats.coords_down)}
         L, f_star = self.problem.L, self.problem.f_star
         if L is not None and f_star is not None:  # the barrier's d-term kappa d L Delta / epsilon
             delta = self.problem.loss(self.problem.x0()) - f_star
-            out["train/kappa_d_term"] = torch.tensor(self.server_args["kappa"] * self.problem.dim * L * delta / self.epsilon)
+            out["kappa_d_term"] = self.server_args["kappa"] * self.problem.dim * L * delta / self.epsilon
         for name in ("m", "k", "t", "broadcasts"):
             if hasattr(self.server, name) and isinstance(getattr(self.server, name), (int, float)):
-                out[f"train/server_{name}"] = torch.tensor(float(getattr(self.server, name)))
+                out[f"server_{name}"] = float(getattr(self.server, name))
         return out
-
-    # --- checkpoints keep the simulator ---------------------------------------------------------------------
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["simulator"] = {"server": self.server.state_dict(), "noise": self.noise_gen.get_state(),
-                                   "diverged": self.diverged}
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get("simulator")
-        if state is None:
-            return
-        if self.server is None:  # test --ckpt_path: the problem is built at setup, after this hook
-            self._pending_simulator = state
-            return
-        self._restore(state)
-
-    def _restore(self, state: dict[str, Any]) -> None:
-        self.server.load_state_dict(state["server"])
-        self.noise_gen.set_state(state["noise"])
-        self.diverged = bool(state["diverged"])
-        self._cache = None
 
 
 class CompressedDDPClassifier(SupervisedTask):

@@ -31,16 +31,17 @@ Two paths:
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from torch import Tensor, nn
+from torch import Tensor
 
 from errors import ConfigError
-from modules.base import PaperTask, Stage, StepOutput, WeightedMean
 from modules.components.compute_time import ComputeTimeModel
 from modules.components.mlp import MLP
+from modules.components.simulated_task import SimulatedServerTask
 from modules.components.supervised import NetFactory, SupervisedTask
 from modules.components.worker_sim import (
     AsyncServer,
@@ -58,7 +59,7 @@ __all__ = ["MSyncClassifier", "ServerStepCounter", "SimulatedDistributedSGD", "a
 Method = Literal["msync", "sync", "async", "rennala"]
 
 
-class SimulatedDistributedSGD(PaperTask):
+class SimulatedDistributedSGD(SimulatedServerTask):
     """n simulated workers, real gradients, simulated seconds; one training step = one server update.
 
     Args:
@@ -80,8 +81,6 @@ class SimulatedDistributedSGD(PaperTask):
     """
 
     paper_id = "002-11"
-    monitor = "val/grad_norm_sq"
-    monitor_mode = "min"
 
     def __init__(
         self,
@@ -97,22 +96,12 @@ class SimulatedDistributedSGD(PaperTask):
         divergence_bound: float = 1e6,
         seed: int | None = None,
     ) -> None:
-        metrics = {k: WeightedMean() for k in ("grad_norm_sq", "loss_gap", "acc", "sim_seconds")}
-        super().__init__(metrics=metrics)
-        self.automatic_optimization = False
-        if not (lr > 0 and math.isfinite(lr)):
-            raise ConfigError(f"lr must be a positive number, got {lr}")
-        if not epsilon > 0:
-            raise ConfigError(f"epsilon must be > 0, got {epsilon}")
+        super().__init__(lr, epsilon, divergence_bound, seed)
         if method in ("async", "rennala") and silent_fraction > 0:
             raise ConfigError(f"silent_fraction applies to the synchronous methods (msync, sync), not {method!r}")
-        self.n_workers, self.method, self.lr, self.epsilon = n_workers, method, lr, epsilon
+        self.n_workers, self.method = n_workers, method
         self.time_model = time_model if time_model is not None else ComputeTimeModel()
-        self.divergence_bound = divergence_bound
-        # torch.initial_seed() may be any 64-bit value (no seed_everything): fold it so 2 seed + 1 fits
-        self.seed = seed = int(seed) if seed is not None else int(torch.initial_seed()) % 2**62
-        time_gen = torch.Generator().manual_seed(seed * 2 + 1)
-        self.noise_gen = torch.Generator().manual_seed(seed * 2)
+        time_gen = torch.Generator().manual_seed(self.seed * 2 + 1)
         if method == "msync" or method == "sync":
             silent = round(silent_fraction * n_workers)
             m_eff = max(n_workers - silent, 1) if method == "sync" else m
@@ -126,50 +115,10 @@ class SimulatedDistributedSGD(PaperTask):
             self.server = AsyncServer(n_workers, self.time_model, time_gen, async_stepsize)
             self.m = 1
         self.silent_fraction = silent_fraction
-        self.problem: Any = None
-        self.diverged = False
-        self._cache: tuple[int, dict[str, float]] | None = None
 
-    # --- the problem, from the DataModule ------------------------------------------------------------------
-    def setup(self, stage: str) -> None:
-        if self.problem is not None:
-            return
-        dm = getattr(self.trainer, "datamodule", None)
-        if dm is None or not hasattr(dm, "build_problem"):
-            raise ConfigError("SimulatedDistributedSGD needs a problem DataModule: "
-                              "data.class_path: datamodules.dist_problems.DistProblemDataModule")
-        self.problem = dm.build_problem(self.n_workers)
-        x0 = self.problem.x0()
-        self.x = nn.Parameter(x0, requires_grad=False)
-        self.x0_scale = float(x0.abs().max())
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return ServerStepCounter([self.x])
-
-    # --- measurements --------------------------------------------------------------------------------------
-    def measures(self) -> dict[str, float]:
-        """f(x), |grad f(x)|^2 and f(x) - f* at the current point (cached per step)."""
-        step = self.server.stats.updates
-        if self._cache is not None and self._cache[0] == step:
-            return self._cache[1]
-        x = self.x.detach()
-        out = {"loss": self.problem.loss(x), "grad_norm_sq": float(self.problem.grad(x).pow(2).sum())}
-        if self.problem.f_star is not None:
-            out["loss_gap"] = out["loss"] - self.problem.f_star
-        self._cache = (step, out)
-        return out
-
-    def sim_clock(self) -> dict[str, float]:
-        """``callbacks.protocols.SimulatedClockSource``: the simulated seconds and the target's quantities."""
+    def clock_extras(self) -> dict[str, float]:
         stats = self.server.stats
-        out = {"seconds": self.server.clock, "updates": float(stats.updates), "grads_used": float(stats.used),
-               "grads_dropped": float(stats.dropped), "target": self.epsilon}
-        if self.problem is not None:
-            meas = self.measures()
-            out["grad_norm_sq"] = meas["grad_norm_sq"]
-            if "loss_gap" in meas:
-                out["loss_gap"] = meas["loss_gap"]
-        return out
+        return {"grads_used": float(stats.used), "grads_dropped": float(stats.dropped)}
 
     def theory_time(self) -> float | None:
         """E[tau_(m:n_available)] (1 + sigma^2 / (m epsilon)): the shape of m-Sync SGD's time to epsilon
@@ -186,64 +135,22 @@ class SimulatedDistributedSGD(PaperTask):
         return tau * (1 + self.problem.sigma2 / (self.m * self.epsilon))
 
     # --- the steps -----------------------------------------------------------------------------------------
+    @property
+    def grad_fn(self) -> Callable[[Tensor, int], Tensor]:
+        return self._grad
+
     def _grad(self, x: Tensor, worker: int) -> Tensor:
         return self.problem.stochastic_grad(x, worker, self.noise_gen)
 
-    def step(self, batch: Any, stage: Stage) -> StepOutput:
-        one = torch.ones((), dtype=torch.float64)
-        if stage == "train":
-            if not self.diverged:
-                x_new, _ = self.server.step(self.x.detach(), self.lr, self._grad)
-                bound = self.divergence_bound * (1.0 + self.x0_scale)
-                if not bool(torch.isfinite(x_new).all()) or float(x_new.abs().max()) > bound:
-                    self.diverged = True
-                    self.trainer.should_stop = True
-                else:
-                    self.x.data.copy_(x_new)
-            self.optimizers().step()
-            meas = self.measures()
-            return StepOutput(torch.tensor(meas["loss"]), n=1, inputs={k: None for k in self.stage_metrics["train_"]})
-        meas = self.measures()
-        inputs: dict[str, Any] = {
-            "grad_norm_sq": (one * meas["grad_norm_sq"], 1),
-            "loss_gap": (one * meas["loss_gap"], 1) if "loss_gap" in meas else None,
-            "sim_seconds": (one * self.server.clock, 1),
-            "acc": None,
-        }
-        extra = self.problem.evaluate(self.x.detach(), stage)
-        if "acc" in extra:
-            inputs["acc"] = (one * extra["acc"], 1)
-        return StepOutput(torch.tensor(meas["loss"]), n=1, inputs=inputs)
-
-    def extra_epoch_metrics(self, stage: Stage, values: dict[str, Tensor]) -> dict[str, Tensor]:
-        if stage != "train":
-            return {}
+    def epoch_extras(self) -> dict[str, float]:
         stats = self.server.stats
-        out = {
-            "train/sim_seconds": torch.tensor(self.server.clock),
-            "train/updates": torch.tensor(float(stats.updates)),
-            "train/dropped_share": torch.tensor(stats.dropped / max(stats.computed, 1)),
-            "train/diverged": torch.tensor(float(self.diverged)),
-        }
+        out = {"dropped_share": stats.dropped / max(stats.computed, 1)}
         if stats.updates:
-            out["train/round_time_mean"] = torch.tensor(self.server.clock / stats.updates)
+            out["round_time_mean"] = self.server.clock / stats.updates
         theory = self.theory_time()
         if theory is not None and math.isfinite(theory):
-            out["train/theory_time"] = torch.tensor(theory)
+            out["theory_time"] = theory
         return out
-
-    # --- checkpoints keep the simulator ---------------------------------------------------------------------
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["simulator"] = {"server": self.server.state_dict(), "noise": self.noise_gen.get_state(),
-                                   "diverged": self.diverged}
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get("simulator")
-        if state is not None:
-            self.server.load_state_dict(state["server"])
-            self.noise_gen.set_state(state["noise"])
-            self.diverged = bool(state["diverged"])
-            self._cache = None
 
 
 class MSyncClassifier(SupervisedTask):
