@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -112,3 +113,48 @@ def drift_model(hidden=(16, 16), activation: str = "relu", lr: float = 0.1, inpu
 
     return WeightDriftModel(net=mlp_net(hidden, activation), optimizer=sgd(lr), input_shape=input_shape,
                             num_classes=num_classes, **kw)
+
+
+class TwoRankRegression(L.LightningModule):
+    """Least squares on w in R^dim for a 2-process comm-hook test: rank r's data (x_r, y_r) from seed
+    ``data_seed + r``, one SGD step (lr 0.1), then every rank writes ``{"w": ..., **report(strategy)}`` to
+    ``<out>.<rank>`` (``report`` reads what the strategy under test exposes)."""
+
+    lr = 0.1
+
+    def __init__(self, out: str, dim: int, init: float, data_seed: int, rows: int,
+                 report: Any = None) -> None:
+        super().__init__()
+        self.w = torch.nn.Linear(dim, 1, bias=False)
+        torch.nn.init.constant_(self.w.weight, init)
+        self.out, self.data_seed, self.rows, self.report = out, data_seed, rows, report
+
+    def data(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(self.data_seed + rank)
+        return torch.randn(self.rows, self.w.in_features, generator=gen), torch.randn(self.rows, 1, generator=gen)
+
+    def rank_grads(self) -> list[torch.Tensor]:
+        """Each rank's own gradient at the initial weights (an independent reference for the hook)."""
+        grads = []
+        for r in (0, 1):
+            self.w.weight.grad = None
+            x, y = self.data(r)
+            ((self.w(x) - y) ** 2).mean().backward()
+            grads.append(self.w.weight.grad.detach().flatten().clone())
+        self.w.weight.grad = None
+        return grads
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = self.data(self.global_rank)
+        return ((self.w(x) - y) ** 2).mean()
+
+    def train_dataloader(self) -> list[torch.Tensor]:
+        return [torch.zeros(1)]
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    def on_train_end(self) -> None:
+        extra = self.report(self.trainer.strategy) if self.report is not None else {}
+        Path(f"{self.out}.{self.global_rank}").write_text(
+            json.dumps({"w": self.w.weight.detach().flatten().tolist(), **extra}))

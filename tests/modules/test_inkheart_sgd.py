@@ -11,7 +11,6 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from torch import nn
 
 from datamodules.dist_problems import DistProblemDataModule, make_quadratic
 from errors import ConfigError
@@ -19,7 +18,7 @@ from main import cli_main
 from modules.components.compression import perm_k_blocks
 from modules.components.ddp_hooks import CompressedDDPStrategy, CompressedHookState, make_comm_hook
 from modules.inkheart_sgd import CompressedDistributedSGD, build_server
-from tests.helpers import REPO, CleanDistributedExit, runs_of
+from tests.helpers import REPO, CleanDistributedExit, TwoRankRegression, runs_of
 
 
 def exact(problem):
@@ -316,44 +315,12 @@ def test_fit_and_test_through_the_cli(paperlab_tmp: Path) -> None:
 
 
 # --- the real path: the compressed comm hook on 2 gloo processes ---------------------------------------------------
-class TwoRankRegression(L.LightningModule):
-    """w in R^20 (one bucket); rank r's data; one SGD step; every rank writes its weights after it."""
-
-    def __init__(self, out: str) -> None:
-        super().__init__()
-        self.w = nn.Linear(20, 1, bias=False)
-        nn.init.constant_(self.w.weight, 0.1)
-        self.out = out
-
-    def data(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-        gen = torch.Generator().manual_seed(200 + rank)
-        return torch.randn(16, 20, generator=gen), torch.randn(16, 1, generator=gen)
-
-    def training_step(self, batch, batch_idx):
-        x, y = self.data(self.global_rank)
-        return ((self.w(x) - y) ** 2).mean()
-
-    def train_dataloader(self):
-        return [torch.zeros(1)]
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def on_train_end(self) -> None:
-        s = self.trainer.strategy.sim_clock()
-        Path(f"{self.out}.{self.global_rank}").write_text(json.dumps(
-            {"w": self.w.weight.detach().flatten().tolist(), "up": s["coords_up"], "down": s["coords_down"]}))
-
-
-def _rank_grads() -> list[torch.Tensor]:
-    ref = TwoRankRegression("unused")
-    grads = []
-    for r in (0, 1):
-        ref.w.weight.grad = None
-        x, y = ref.data(r)
-        ((ref.w(x) - y) ** 2).mean().backward()
-        grads.append(ref.w.weight.grad.detach().flatten().clone())
-    return grads
+def _regression(out: str) -> TwoRankRegression:
+    """w in R^20 (one bucket), rank r's data; every rank reports the coordinates it sent and received."""
+    def report(strategy) -> dict:
+        s = strategy.sim_clock()
+        return {"up": s["coords_up"], "down": s["coords_down"]}
+    return TwoRankRegression(out, dim=20, init=0.1, data_seed=200, rows=16, report=report)
 
 
 @pytest.mark.parametrize("compressor", ["randk", "permk"])
@@ -366,9 +333,9 @@ def test_compressed_hook_on_two_gloo_processes_ends_as_the_rank_mean(compressor:
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[CleanDistributedExit()])
-    trainer.fit(TwoRankRegression(out))
+    trainer.fit(_regression(out))
     results = [json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)]
-    g0, g1 = _rank_grads()
+    g0, g1 = _regression("unused").rank_grads()
     gen = CompressedHookState(compressor, 0.25, 9).generator(0)  # step 0, bucket 0
     if compressor == "randk":
         idx = torch.randperm(20, generator=gen)[:5]

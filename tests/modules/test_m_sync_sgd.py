@@ -9,7 +9,6 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from torch import nn
 
 from datamodules.dist_problems import DistProblemDataModule, make_quadratic
 from errors import ConfigError
@@ -17,7 +16,7 @@ from main import cli_main
 from modules.components.compute_time import ComputeTimeModel, harmonic
 from modules.components.worker_sim import AsyncServer, MSyncServer, RennalaServer, async_sgd, rennala_sgd
 from modules.m_sync_sgd import SimulatedDistributedSGD, msync_sgd
-from tests.helpers import REPO, CleanDistributedExit, runs_of
+from tests.helpers import REPO, CleanDistributedExit, TwoRankRegression, runs_of
 
 
 class Scripted:
@@ -259,33 +258,12 @@ def test_fit_and_test_through_the_cli_reach_the_target(paperlab_tmp: Path) -> No
 
 
 # --- the real path: MSyncDDPStrategy on 2 gloo processes ------------------------------------------------------
-class TwoRankRegression(L.LightningModule):
-    """w in R^3, rank r's data (x_r, y_r); one SGD step; rank 0 writes the weights after it."""
-
-    def __init__(self, out: str) -> None:
-        super().__init__()
-        self.w = nn.Linear(3, 1, bias=False)
-        nn.init.constant_(self.w.weight, 0.5)
-        self.out = out
-
-    def data(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-        gen = torch.Generator().manual_seed(100 + rank)
-        return torch.randn(8, 3, generator=gen), torch.randn(8, 1, generator=gen)
-
-    def training_step(self, batch, batch_idx):
-        x, y = self.data(self.global_rank)
-        return ((self.w(x) - y) ** 2).mean()
-
-    def train_dataloader(self):
-        return [torch.zeros(1)]
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def on_train_end(self) -> None:
-        state = self.trainer.strategy.hook_state
-        Path(f"{self.out}.{self.global_rank}").write_text(json.dumps(
-            {"w": self.w.weight.detach().flatten().tolist(), "selected": state.last_selected, "clock": state.clock}))
+def _regression(out: str) -> TwoRankRegression:
+    """w in R^3, rank r's data; rank 0 and 1 report the hook's selection and clock."""
+    def report(strategy) -> dict:
+        state = strategy.hook_state
+        return {"selected": state.last_selected, "clock": state.clock}
+    return TwoRankRegression(out, dim=3, init=0.5, data_seed=100, rows=8, report=report)
 
 
 def test_msync_strategy_with_m1_keeps_the_faster_rank(tmp_path: Path) -> None:
@@ -294,7 +272,7 @@ def test_msync_strategy_with_m1_keeps_the_faster_rank(tmp_path: Path) -> None:
     from modules.components.ddp_hooks import MSyncDDPStrategy, MSyncHookState
 
     out = str(tmp_path / "w")
-    model = TwoRankRegression(out)
+    model = _regression(out)
     times = ComputeTimeModel("lognormal", sigma=1.0)
     strategy = MSyncDDPStrategy(m=1, time_model=times, seed=5, start_method="fork")
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=1, logger=False,
@@ -307,18 +285,12 @@ def test_msync_strategy_with_m1_keeps_the_faster_rank(tmp_path: Path) -> None:
     assert results[0]["selected"] == results[1]["selected"] == [fast]
     assert results[0]["clock"] == pytest.approx(float(ref_state.times(0).min()))
     # independent reference: the faster rank's own gradient step
-    ref = TwoRankRegression(out)
-    x, y = ref.data(fast)
-    loss = ((ref.w(x) - y) ** 2).mean()
-    loss.backward()
-    expected = (ref.w.weight - 0.1 * ref.w.weight.grad).detach().flatten()
+    grads = _regression(out).rank_grads()
+    expected = torch.full((3,), 0.5) - 0.1 * grads[fast]
     for r in results:
         assert torch.allclose(torch.tensor(r["w"]), expected, atol=1e-6)
     # the other rank's step would differ: the test can tell them apart
-    x2, y2 = ref.data(1 - fast)
-    ref.w.weight.grad = None
-    ((ref.w(x2) - y2) ** 2).mean().backward()
-    other = (ref.w.weight - 0.1 * ref.w.weight.grad).detach().flatten()
+    other = torch.full((3,), 0.5) - 0.1 * grads[1 - fast]
     assert not torch.allclose(other, expected, atol=1e-3)
 
 
