@@ -265,9 +265,11 @@ def test_piece_map_figure_is_an_mlflow_artifact(paperlab_tmp):
 
 
 def test_ddp_count_is_the_union_over_ranks(tmp_path):
-    """ddp_spawn, 2 CPU processes: each rank sees half of every batch; the count is that of the union."""
+    """2 forked CPU processes (ddp_fork: spawned ones re-import torch and Lightning, ~10 s; the suite runs
+    torch on one thread, so forking is safe): each rank sees half of every batch; the count is that of the
+    union."""
     dm = SpikeYinYangDataModule(train_size=240, val_size=20, test_size=20, batch_size=60)
-    # ddp_spawn pickles the module: a picklable optimizer instead of the default (a lambda, for the CLI)
+    # a picklable optimizer instead of the default (a lambda, for the CLI), so that ddp_spawn works too
     model = CausalPiecesSNN(hidden_sizes=[6], init_seed=0, optimizer=functools.partial(torch.optim.Adam, lr=5e-3),
                             lr_scheduler=None)
     dm.setup()
@@ -276,7 +278,7 @@ def test_ddp_count_is_the_union_over_ranks(tmp_path):
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy="ddp_spawn",
+        strategy="ddp_fork",
         max_epochs=1,
         limit_train_batches=1,
         limit_val_batches=0,

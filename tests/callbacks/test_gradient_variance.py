@@ -238,7 +238,7 @@ class TinyClassifier(L.LightningModule):
 
 
 class DumpGradientVariance(GradientVariance):
-    """Writes rank 0's first result to a file (ddp_spawn does not return callback state)."""
+    """Writes rank 0's first result to a file (a multi-process launcher does not return callback state)."""
 
     def __init__(self, path: str, **kw) -> None:
         super().__init__(**kw)
@@ -321,7 +321,7 @@ def test_callback_under_ddp_equals_single_process_on_the_global_batch(tmp_path):
     single, ddp = tmp_path / "single.json", tmp_path / "ddp.json"
     _fit([DumpGradientVariance(str(single), schedule=Schedule(every_n_steps=10))], max_steps=1, devices=1)
     _fit([DumpGradientVariance(str(ddp), schedule=Schedule(every_n_steps=10)), CleanDistributedExit()], max_steps=1, devices=2,
-         strategy="ddp_spawn")
+         strategy="ddp_fork")  # forked, not spawned: no re-import of torch and Lightning per rank
     a, b = json.loads(single.read_text()), json.loads(ddp.read_text())
     assert a["n"] == b["n"] == 16
     assert b["trace"] == pytest.approx(a["trace"], rel=1e-5)

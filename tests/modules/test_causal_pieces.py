@@ -329,13 +329,6 @@ def test_hub_datamodules_fail_offline_naming_the_default(cls, monkeypatch, tmp_p
         cls().setup()
 
 
-def test_cli_fast_dev_run(paperlab_tmp):
-    from main import cli_main
-
-    cfg = REPO / "configs" / "causal_pieces" / "yinyang.yaml"
-    assert cli_main(["fit", "--config", str(cfg), "--trainer.fast_dev_run", "true"]) == 0
-
-
 @pytest.mark.slow
 def test_default_recipe_reaches_96_percent():
     """The default config's model and data (seed 0, 60 epochs): >= 96% Yin-Yang test accuracy."""
