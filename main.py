@@ -128,8 +128,14 @@ def cli_main(args: list[str] | None = None) -> int:
 
     from lightning_cli import PaperlabCLI
 
+    # LightningCLI reads the command line itself: an in-process call (a test, a sweep's --in-process point or
+    # its key check) puts its arguments there for the call, so Lightning sees one command line, not two
+    # (it warns on args= plus a foreign sys.argv), and a subprocess launcher re-runs this very command
+    outer_argv = sys.argv
+    if args is not None:
+        sys.argv = [outer_argv[0] if outer_argv else "main.py", *argv]
     try:
-        PaperlabCLI(args=None if args is None else argv)
+        PaperlabCLI(args=None)
     except ArgumentError as err:
         print(f"error: {_argument_error(err, argv)}", file=sys.stderr)
         print(f"(python main.py {argv[0] if argv[0] in TRAINING else 'fit'} --help lists every option)", file=sys.stderr)
@@ -142,6 +148,8 @@ def cli_main(args: list[str] | None = None) -> int:
         print(f"error: {clean_error(str(err))}", file=sys.stderr)
         print("(set PAPERLAB_TRACEBACK=1 for the full traceback)", file=sys.stderr)
         return err.exit_code
+    finally:
+        sys.argv = outer_argv
     return 0
 
 

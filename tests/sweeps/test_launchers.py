@@ -6,6 +6,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,10 @@ def test_an_array_task_runs_exactly_its_point_under_the_shared_parent(
 ) -> None:
     sweep = write_sweep(paperlab_tmp, grid={"model.net.activation": ["relu", "tanh"]}, seeds=[0])
     assert cli_main(["sweep", "--config", str(sweep), "--launcher", "slurm"]) == 0
-    assert cli_main(["sweep", "--config", str(sweep), "--point", "1", "--in-process"]) == 0
+    with warnings.catch_warnings(record=True) as caught:  # the point's argv is its own, not the sweep's
+        warnings.simplefilter("always")
+        assert cli_main(["sweep", "--config", str(sweep), "--point", "1", "--in-process"]) == 0
+    assert not [w for w in caught if "args parameter is intended" in str(w.message)]
     runs = runs_of("mlp_classifier")
     parent = next(r for r in runs if r.data.tags.get("sweep.role") == "parent")
     (child,) = [r for r in runs if r is not parent]
