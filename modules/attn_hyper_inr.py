@@ -70,6 +70,7 @@ from errors import ConfigError
 from modules.base import PaperTask, Stage, StepOutput, WeightedMean
 from modules.components.attention import CrossAttentionBlock
 from modules.components.inr import Activation, FourierFeatures, activation_fn, batched_mlp_forward
+from modules.components.metrics import count_parameters, psnr_from_mse
 
 PAPER_ID = "004-01"
 #: ``[(W_l (B, d_l, d_{l-1}), b_l (B, d_l))]``, l = 1..L
@@ -114,11 +115,6 @@ def inr_chain_rule_step(weights: Sequence[Tensor], biases: Sequence[Tensor], x: 
         out["new_w"] = [w - lr * g for w, g in zip(weights, grad_w)]
         out["new_b"] = [b - lr * g for b, g in zip(biases, grad_b)]
     return out
-
-
-def count_parameters(module: nn.Module) -> int:
-    """Trainable parameters of ``module``."""
-    return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
 def mlp_opt_parameter_count(inr_widths: Sequence[int], fourier_dim: int = 32, out_dim: int = 3) -> int:
@@ -469,8 +465,7 @@ class MLPOptStepBaseline(HyperINRNet):
 # --- the task ---------------------------------------------------------------------------------------------
 def psnr(pred: Tensor, target: Tensor) -> Tensor:
     """Per-signal PSNR in dB for values in [0, 1]: ``-10 log10(MSE)`` over all but the first dimension."""
-    mse = (pred.clamp(0, 1) - target).square().flatten(1).mean(1)
-    return -10 * torch.log10(mse.clamp_min(1e-10))
+    return psnr_from_mse((pred.clamp(0, 1) - target).square().flatten(1).mean(1))
 
 
 def step_weights(kind: Literal["linear", "uniform", "last"], k: int) -> Tensor:

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from errors import ConfigError, PaperlabError
 from modules.base import PaperTask, Stage, StepOutput, WeightedMean
 from modules.components.measurements import Task, make_operator, support_disc
+from modules.components.metrics import psnr_from_mse
 from modules.components.signal_fits import (
     FAMILIES,
     Family,
@@ -373,7 +374,7 @@ class SignalFit(_SignalTask):
         fit = self.render(self.field)
         loss = self.data_loss(fit, self.measurements(signals))
         err = rms(fit.detach() - signals)
-        psnr = (20 * torch.log10(1.0 / err.clamp_min(1e-12))).mean()
+        psnr = psnr_from_mse(err.square(), min_mse=1e-24).mean()
         return StepOutput(loss, n=1, inputs={"rmse": (err.mean(), 1), "psnr": (psnr, 1)})
 
 
@@ -511,7 +512,7 @@ class CompressionLadder(_SignalTask):
         err = rms(fit - signals)[~calib]
         inputs: dict[str, Any] = {
             "rmse": (err.mean(), 1),
-            "psnr": ((20 * torch.log10(1.0 / err.clamp_min(1e-12))).mean(), 1),
+            "psnr": (psnr_from_mse(err.square(), min_mse=1e-24).mean(), 1),
             "levels_done": (torch.tensor(float(self.levels_done), dtype=torch.float64), 1),
         }
         if stage == "test":

@@ -521,8 +521,7 @@ class CompressedDistributedSGD(SimulatedServerTask):
         return {"coords_up": float(stats.coords_up), "coords_down": float(stats.coords_down)}
 
     def epoch_extras(self) -> dict[str, float]:
-        stats = self.server.stats
-        out = {"coords_up": float(stats.coords_up), "coords_down": float(stats.coords_down)}
+        out = self.clock_extras()
         L, f_star = self.problem.L, self.problem.f_star
         if L is not None and f_star is not None:  # the barrier's d-term kappa d L Delta / epsilon
             delta = self.problem.loss(self.problem.x0()) - f_star

@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from errors import ConfigError
 from modules.base import PaperTask, Stage, StepOutput, WeightedMean
 from modules.components.local_basis import RBFKAN, ActMLP, ResidualCAN
+from modules.components.metrics import count_parameters
 from modules.components.pde import (
     AllenCahn,
     MaxAbsError,
@@ -183,10 +184,6 @@ def build_network(arch: str, in_dim: int, out_dim: int, width: int = 64, depth: 
     raise ConfigError(f"unknown arch {arch!r}; choose one of mlp, residual_can, siren, fourier, kan")
 
 
-def n_parameters(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters() if p.requires_grad)
-
-
 @contextlib.contextmanager
 def autograd_on() -> Iterator[None]:
     """Autograd on inside validation/test (Lightning runs them under inference mode): residuals need u''."""
@@ -212,7 +209,7 @@ class _FieldTask(PaperTask, abstract=True):
         if f"{stage}/residual_ms" in values:
             out[f"{stage}/residual_rms"] = values[f"{stage}/residual_ms"].sqrt()
         if stage == "test":
-            out["test/n_params"] = torch.tensor(float(n_parameters(self.net)))
+            out["test/n_params"] = torch.tensor(float(count_parameters(self.net)))
         return out
 
 

@@ -14,6 +14,7 @@ from datamodules.gmm_score import mixture_params, ou_mixture_score
 from errors import ConfigError
 from main import cli_main
 from modules.components.local_basis import ActMLP, CauchyAct, CauchyNodes
+from modules.components.metrics import count_parameters
 from modules.residual_can import (
     CauchyPINN,
     CauchyScoreNet,
@@ -21,7 +22,6 @@ from modules.residual_can import (
     SirenNet,
     allen_cahn_residual,
     build_network,
-    n_parameters,
     score_fp_residual,
 )
 from tests.helpers import REPO, TINY, runs_of
@@ -229,7 +229,7 @@ def test_residual_can_and_the_silu_mlp_of_the_configs_are_within_ten_percent_par
     silu = CauchyPINN(**{k: v for k, v in silu_args.items() if k in keys})
     assert silu_args["arch"] == "mlp" and silu_args["activation"] == "silu"
     assert rcan_args["arch"] == "residual_can" and rcan_args.get("residual_basis", "cauchy") == "cauchy"
-    n_r, n_s = n_parameters(rcan.net), n_parameters(silu.net)
+    n_r, n_s = count_parameters(rcan.net), count_parameters(silu.net)
     assert abs(n_r - n_s) <= 0.1 * n_s, (n_r, n_s)
 
 
