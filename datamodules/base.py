@@ -19,6 +19,7 @@ had trained on, and sees the rest of the same epoch.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import lightning as L
 import torch
@@ -27,17 +28,58 @@ from torch import Tensor
 from errors import ConfigError
 
 
+class _HasEpoch(Protocol):
+    epoch: int
+
+
 class EpochSetter:
     """What Lightning's ``_set_sampler_epoch`` looks for (``loader.sampler.set_epoch``)."""
 
-    def __init__(self, loader: BatchedTensorLoader) -> None:
+    def __init__(self, loader: _HasEpoch) -> None:
         self._loader = loader
 
     def set_epoch(self, epoch: int) -> None:
         self._loader.epoch = epoch
 
 
-class BatchedTensorLoader:
+class ResumableLoader:
+    """An epoch-aware loader of whole batches that resumes mid-epoch: subclasses yield the epoch's batches
+    from ``batches(skip)`` and give ``__len__``; this class counts what left it and skips on a resume."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.sampler = EpochSetter(self)
+        self.batch_sampler = None  # Lightning's loader inspection reads it
+        self._yielded = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, batches to skip) from a checkpoint
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def batches(self, skip: int = 0) -> Iterator[tuple[Tensor, ...]]:
+        """This epoch's batches after the first ``skip``."""
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
+        skip = 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            skip = self._resume[1]
+        self._resume = None
+        self._yielded = skip
+        for batch in self.batches(skip):
+            self._yielded += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        """The epoch and how many of its batches were trained on (for a mid-epoch resume). Lightning fetches
+        nothing ahead from a loader that has a length, so what left the loader is what was trained on."""
+        return {"epoch": self.epoch, "consumed": self._yielded}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume = (int(state["epoch"]), int(state["consumed"]))
+
+
+class BatchedTensorLoader(ResumableLoader):
     """Iterates over aligned tensors in batches, one gather per batch.
 
     Args:
@@ -71,6 +113,7 @@ class BatchedTensorLoader:
                 f"batch_size={batch_size} is smaller than the number of processes ({world_size}); "
                 f"the batch size is global, so raise it to at least {world_size}"
             )
+        super().__init__()
         self.tensors = tuple(tensors)
         self.n = n
         self.batch_size = batch_size
@@ -79,11 +122,6 @@ class BatchedTensorLoader:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
-        self.epoch = 0
-        self.sampler = EpochSetter(self)
-        self.batch_sampler = None  # Lightning's loader inspection reads it
-        self._yielded = 0
-        self._resume: tuple[int, int] | None = None  # (epoch, batches to skip) from a checkpoint
 
     def _global_batches(self) -> list[Tensor]:
         if self.shuffle:
@@ -110,25 +148,38 @@ class BatchedTensorLoader:
             return full
         return full + 1
 
-    def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
-        batches = self._global_batches()
-        skip = 0
-        if self._resume is not None and self._resume[0] == self.epoch:
-            skip = self._resume[1]
-        self._resume = None
-        self._yielded = skip
-        for idx in batches[skip:]:
+    def batches(self, skip: int = 0) -> Iterator[tuple[Tensor, ...]]:
+        for idx in self._global_batches()[skip:]:
             local = idx[self.rank :: self.world_size] if self.world_size > 1 else idx
-            self._yielded += 1
             yield tuple(t[local] for t in self.tensors)
 
-    def state_dict(self) -> dict[str, int]:
-        """The epoch and how many of its batches were trained on (for a mid-epoch resume). Lightning fetches
-        nothing ahead from a loader that has a length, so what left the loader is what was trained on."""
-        return {"epoch": self.epoch, "consumed": self._yielded}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self._resume = (int(state["epoch"]), int(state["consumed"]))
+class ChainedLoader(ResumableLoader):
+    """The batches of several loaders one after the other, every epoch: a curriculum whose parts may hold
+    samples of different shapes (each batch comes from one part). Each part shuffles on its own
+    ``(seed, epoch)``; the chain resumes mid-epoch like a single loader.
+
+    Args:
+        parts: the loaders, in the order their batches are wanted.
+    """
+
+    def __init__(self, parts: Sequence[BatchedTensorLoader]) -> None:
+        super().__init__()
+        if not parts:
+            raise ConfigError("ChainedLoader needs at least one loader")
+        self.parts = tuple(parts)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def batches(self, skip: int = 0) -> Iterator[tuple[Tensor, ...]]:
+        for part in self.parts:
+            part.epoch = self.epoch
+            if skip >= len(part):
+                skip -= len(part)
+                continue
+            yield from part.batches(skip)
+            skip = 0
 
 
 Split = tuple[Tensor, ...]
@@ -203,9 +254,11 @@ class TensorDataModule(PaperlabDataModule):
             return 0, 1
         return trainer.global_rank, trainer.world_size
 
-    def loader(self, name: str, shuffle: bool = False) -> BatchedTensorLoader:
+    def loader(self, name: str, shuffle: bool = False, batch_size: int | None = None) -> BatchedTensorLoader:
+        """A loader of split ``name``, batched by ``batch_size`` (default: the training batch for ``train``,
+        the evaluation batch for the rest)."""
         rank, world = self._world()
-        batch = self.batch_size if name == "train" else self.eval_batch_size
+        batch = batch_size or (self.batch_size if name == "train" else self.eval_batch_size)
         return BatchedTensorLoader(
             self._split(name), batch, shuffle=shuffle, seed=self.seed, rank=rank, world_size=world
         )

@@ -21,13 +21,14 @@ casts them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from scipy.special import gammaln
 from torch import Tensor
 
-from datamodules.base import Split, TensorDataModule
+from datamodules.base import BatchedTensorLoader, ChainedLoader, Split, TensorDataModule
 from errors import ConfigError
 
 QUERY = 0
@@ -83,10 +84,11 @@ class _TokenTaskDataModule(TensorDataModule):
     def input_shape(self) -> tuple[int, ...]:
         return (self.seq_len,)
 
-    def _draw_tokens(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(noise (n, L), keys (n, P) distinct per row, values (n, P))``."""
+    def _draw_tokens(self, rng: np.random.Generator, n: int,
+                     seq_len: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(noise (n, L), keys (n, P) distinct per row, values (n, P))`` (``L`` defaults to ``seq_len``)."""
         lo, hi = self.noise_ids
-        noise = rng.integers(lo, hi, size=(n, self.seq_len), dtype=np.uint8)
+        noise = rng.integers(lo, hi, size=(n, seq_len or self.seq_len), dtype=np.uint8)
         keys = np.argsort(rng.random((n, self.n_keys)), axis=1)[:, : self.n_pairs] + self.key_ids[0]
         values = rng.integers(*self.value_ids, size=(n, self.n_pairs))
         return noise, keys, values
@@ -106,6 +108,16 @@ def log_uniform_lags(rng: np.random.Generator, size: tuple[int, ...], max_lag: i
     return np.minimum(np.floor(np.exp(rng.random(size) * math.log(max_lag + 1))), max_lag).astype(np.int64)
 
 
+@dataclass(frozen=True)
+class RecallStage:
+    """One stage of a length curriculum: ``steps`` training batches of sequences of ``seq_len`` tokens with
+    lags log-uniform in ``[1, max_lag]`` (the other settings as the task's)."""
+
+    steps: int
+    seq_len: int
+    max_lag: int
+
+
 class DelayedRecallDataModule(_TokenTaskDataModule):
     """Delayed recall: ``key value`` pairs, each queried once after a log-uniform lag (module docstring).
 
@@ -114,6 +126,10 @@ class DelayedRecallDataModule(_TokenTaskDataModule):
     lag. The positions of all pairs and queries are distinct (a sequence that collides is redrawn, lags
     included: with several queries per pair, repeated small lags are slightly rarer than log-uniform). The value never
     reappears in the input, so every query recalls it from the pair itself.
+
+    With a ``curriculum``, every training epoch begins with its stages in order (each ``steps`` batches of its
+    own sequences, shuffled within the stage, drawn independently of the splits), then the ``n_train``
+    sequences of the task itself; validation and test always use the task's length and lags.
 
     Args:
         seq_len: L (default 1100).
@@ -125,6 +141,8 @@ class DelayedRecallDataModule(_TokenTaskDataModule):
         n_train, n_val, n_test: sequences per split.
         data_seed: seed of the data (the splits are independent draws).
         batch_size, eval_batch_size, seed: see ``TensorDataModule``.
+        curriculum: stages of shorter sequences trained on first (``RecallStage``), e.g. in YAML
+            ``[{steps: 500, seq_len: 64, max_lag: 32}, {steps: 300, seq_len: 256, max_lag: 224}]``.
     """
 
     dataset_name = "delayed_recall"
@@ -146,27 +164,43 @@ class DelayedRecallDataModule(_TokenTaskDataModule):
         batch_size: int = 16,
         eval_batch_size: int | None = 32,
         seed: int = 0,
+        curriculum: list[RecallStage] | None = None,
     ) -> None:
         super().__init__(seq_len, vocab_size, n_keys, n_values, n_pairs, n_train, n_val, n_test, data_seed,
                          batch_size, eval_batch_size, seed, n_noise)
-        if max_lag < 1 or max_lag + 3 > seq_len:
-            raise ConfigError(f"max_lag={max_lag} must be >= 1 and leave room for a pair and its query: "
-                              f"max_lag + 3 <= seq_len={seq_len}")
-        if n_queries < 1 or 2 * n_pairs * (1 + n_queries) > seq_len // 2:
-            raise ConfigError(f"n_pairs={n_pairs} pairs with n_queries={n_queries} queries each need "
-                              f"{2 * n_pairs * (1 + n_queries)} positions: too many for seq_len={seq_len}")
-        self.max_lag, self.n_queries = max_lag, n_queries
+        if n_queries < 1:
+            raise ConfigError(f"n_queries must be >= 1, got {n_queries}")
+        self.n_queries = n_queries
+        self._check_length(seq_len, max_lag, "")
+        self.max_lag = max_lag
+        self.curriculum = list(curriculum or [])
+        for i, stage in enumerate(self.curriculum):
+            if stage.steps < 1:
+                raise ConfigError(f"curriculum stage {i}: steps must be >= 1, got {stage.steps}")
+            self._check_length(stage.seq_len, stage.max_lag, f"curriculum stage {i}: ")
 
-    def sample(self, n: int, rng: np.random.Generator) -> tuple[Tensor, Tensor, Tensor]:
-        """``n`` sequences: ``(tokens, targets, lags)`` (module docstring)."""
-        P, Q, L = self.n_pairs, self.n_queries, self.seq_len
+    def _check_length(self, seq_len: int, max_lag: int, where: str) -> None:
+        if max_lag < 1 or max_lag + 3 > seq_len:
+            raise ConfigError(f"{where}max_lag={max_lag} must be >= 1 and leave room for a pair and its query: "
+                              f"max_lag + 3 <= seq_len={seq_len}")
+        if 2 * self.n_pairs * (1 + self.n_queries) > seq_len // 2:
+            raise ConfigError(f"{where}n_pairs={self.n_pairs} pairs with n_queries={self.n_queries} queries each "
+                              f"need {2 * self.n_pairs * (1 + self.n_queries)} positions: too many for "
+                              f"seq_len={seq_len}")
+
+    def sample(self, n: int, rng: np.random.Generator, seq_len: int | None = None,
+               max_lag: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``n`` sequences: ``(tokens, targets, lags)`` (module docstring); the task's length and lags unless
+        given."""
+        P, Q, L = self.n_pairs, self.n_queries, seq_len or self.seq_len
+        max_lag = max_lag or self.max_lag
         lags = np.zeros((n, P, Q), dtype=np.int64)
         starts = np.zeros((n, P), dtype=np.int64)
         todo = np.arange(n)
         for _ in range(10_000):
             if todo.size == 0:
                 break
-            lags[todo] = log_uniform_lags(rng, (todo.size, P, Q), self.max_lag)
+            lags[todo] = log_uniform_lags(rng, (todo.size, P, Q), max_lag)
             longest = lags[todo].max(-1)
             starts[todo] = np.floor(rng.random(longest.shape) * (L - 2 - longest)).astype(np.int64)
             pos = _pair_positions(starts[todo], lags[todo])
@@ -174,7 +208,7 @@ class DelayedRecallDataModule(_TokenTaskDataModule):
             todo = todo[(srt[:, 1:] == srt[:, :-1]).any(axis=1)]
         else:  # pragma: no cover - only for absurd settings, caught by the checks above in practice
             raise ConfigError(f"could not place {P} pairs and their queries in {L} positions; lower n_pairs")
-        noise, keys, values = self._draw_tokens(rng, n)
+        noise, keys, values = self._draw_tokens(rng, n, L)
         tokens = noise
         targets = np.full((n, L), IGNORE, dtype=np.int8)
         lag_map = np.zeros((n, L), dtype=np.int16)
@@ -188,6 +222,19 @@ class DelayedRecallDataModule(_TokenTaskDataModule):
             targets[rows, starts + 2 + lq] = values
             lag_map[rows, starts + 2 + lq] = lq
         return torch.from_numpy(tokens), torch.from_numpy(targets), torch.from_numpy(lag_map)
+
+    def build_splits(self) -> dict[str, Split]:
+        out = super().build_splits()
+        for i, stage in enumerate(self.curriculum):  # seeds 3, 4, ...: independent of the three splits
+            rng = np.random.default_rng([self.data_seed, 3 + i])
+            out[f"curriculum{i}"] = self.sample(stage.steps * self.batch_size, rng, stage.seq_len, stage.max_lag)
+        return out
+
+    def train_dataloader(self) -> BatchedTensorLoader | ChainedLoader:
+        if not self.curriculum:
+            return super().train_dataloader()
+        names = [f"curriculum{i}" for i in range(len(self.curriculum))] + ["train"]
+        return ChainedLoader([self.loader(name, shuffle=True, batch_size=self.batch_size) for name in names])
 
 
 def _pair_positions(starts: np.ndarray, lags: np.ndarray) -> np.ndarray:

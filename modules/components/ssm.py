@@ -14,10 +14,13 @@ With one mode (``K = 1``, ``w = 1``) this is a selective SSM with one decay per 
 matrix products in the factorised form ``exp(R_t) exp(-R_s)`` of the decay from ``s`` to ``t``; the state is
 carried between chunks by a short loop. The factorised form would overflow when a chunk decays by more than
 ``exp(-thr)``, so each mode runs with the longest chunk (a power of two, at most ``chunk_size``) over which
-it decays by less than that; a mode that forgets almost everything in one step runs with chunks of one step
-(the plain recurrence). Every exponent the scan evaluates is <= ``thr``, so decays near 1 (slow modes) and
-near 0 (fast modes) are both exact to rounding. Float64 inputs are scanned in float64, everything else in
-float32; the output has the input's dtype.
+it decays by less than that. A mode that would need chunks shorter than ``segsum_chunk`` steps (16; one that
+forgets much in a step somewhere in the batch, as a trained selective SSM does at the tokens it resets on)
+takes the segment-sum form instead: every decay ``exp(-s_k sum_{s<j<=t} g_j)`` of a chunk is evaluated on
+its own (Mamba-2's ``segsum``), which never overflows, at the cost of a ``T x T`` tensor per channel and
+mode, so it serves only those modes. Every exponent the scan evaluates is <= ``thr``, so decays near 1
+(slow modes) and near 0 (fast modes) are both exact to rounding. Float64 inputs are scanned in float64,
+everything else in float32; the output has the input's dtype.
 """
 
 from __future__ import annotations
@@ -157,6 +160,7 @@ def selective_scan(
     chunk_size: int = 64,
     initial_state: Tensor | None = None,
     return_state: bool = False,
+    segsum_chunk: int = 16,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """The multi-mode selective scan (module docstring), chunked-parallel.
 
@@ -171,13 +175,15 @@ def selective_scan(
         chunk_size: the longest chunk; a power of two is not required.
         initial_state: ``h_0 (B, C, N, K)`` (default zeros), for a scan continued from a decoded prefix.
         return_state: also return the final state ``h_L (B, C, N, K)``.
+        segsum_chunk: a mode whose factorised chunk would be shorter than this takes the segment-sum form
+            with chunks of this length (1: never; such a mode then runs step by step).
 
     Returns:
         ``y (B, L, C)`` in ``x``'s dtype (and the final state in the compute dtype with ``return_state``).
     """
     b, n_len, c, n, k = _check_scan(x, delta, Bm, Cm, rates, weights, lam, D)
-    if chunk_size < 1:
-        raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
+    if chunk_size < 1 or segsum_chunk < 1:
+        raise ConfigError(f"chunk_size and segsum_chunk must be >= 1, got {chunk_size} and {segsum_chunk}")
     cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
     x_, delta_, B_, C_ = (t.to(cdt) for t in (x, delta, Bm, Cm))
     s = rates.to(device=x.device, dtype=cdt)
@@ -190,16 +196,17 @@ def selective_scan(
         if initial_state.shape != (b, c, n, k):
             raise ConfigError(f"initial_state must be (B, C, N, K) = {(b, c, n, k)}, got {tuple(initial_state.shape)}")
         h0 = initial_state.to(cdt).permute(0, 2, 1, 3)  # (B, N, C, K) inside
-    groups = _mode_groups(g, s, chunk_size, _THRESHOLD[cdt])
+    groups = _mode_groups(g, s, chunk_size, _THRESHOLD[cdt], min(segsum_chunk, chunk_size))
     y, h_last = None, None
-    for t_chunk, modes in groups:
+    for t_chunk, modes, segsum in groups:
         if len(groups) == 1:
             sel, w_sel, h_sel = s, w, h0
         else:
             idx = torch.tensor(modes, device=x.device)
             sel, w_sel = s.index_select(0, idx), w.index_select(-1, idx)
             h_sel = None if h0 is None else h0.index_select(-1, idx)
-        yk, hk = _chunked_scan(g, u, B_, C_, sel, w_sel, t_chunk, h_sel)
+        scan = _segsum_scan if segsum else _chunked_scan
+        yk, hk = scan(g, u, B_, C_, sel, w_sel, t_chunk, h_sel)
         y = yk if y is None else y + yk
         if return_state:
             if len(groups) == 1:
@@ -221,24 +228,38 @@ def _chunk_view(t: Tensor, t_chunk: int) -> Tensor:
     return t.reshape(t.shape[0], -1, t_chunk, *t.shape[2:])
 
 
-def _mode_groups(g: Tensor, s: Tensor, chunk_size: int, thr: float) -> list[tuple[int, list[int]]]:
-    """``[(T, modes)]``: each mode with the longest chunk ``T <= chunk_size`` (halving) over which every
-    chunk of every sequence and channel decays by less than ``exp(-thr)`` after its first step."""
+def _mode_groups(g: Tensor, s: Tensor, chunk_size: int, thr: float,
+                 segsum_chunk: int) -> list[tuple[int, list[int], bool]]:
+    """``[(T, modes, segsum)]``: each mode with the longest chunk ``T <= chunk_size`` (halving) over which
+    every chunk of every sequence and channel decays by less than ``exp(-thr)`` after its first step, or,
+    if that chunk would be shorter than ``segsum_chunk``, the segment-sum form with chunks of ``segsum_chunk``."""
     with torch.no_grad():
         pending = list(range(s.numel()))
-        groups: list[tuple[int, list[int]]] = []
+        groups: list[tuple[int, list[int], bool]] = []
         t_chunk = chunk_size
         while pending:
-            if t_chunk == 1:
-                groups.append((1, pending))
+            if t_chunk < segsum_chunk or t_chunk == 1:
+                groups.append((segsum_chunk, pending, True) if segsum_chunk > 1 else (1, pending, False))
                 break
             worst = _chunk_view(g, t_chunk)[:, :, 1:].sum(2).amax().item()  # largest sum_{t>first} g
             ok = [m for m in pending if worst * s[m].item() <= thr]
             if ok:
-                groups.append((t_chunk, ok))
+                groups.append((t_chunk, ok, False))
             pending = [m for m in pending if m not in ok]
-            t_chunk = max(1, t_chunk // 2)
+            t_chunk //= 2
         return groups
+
+
+def _carry_states(a_chunk: Tensor, s_chunk: Tensor, h0: Tensor | None) -> Tensor:
+    """The state entering every chunk ``(B, nc, N, C, K)``: ``h <- a_j h + s_j`` from ``h0`` (default 0), with
+    ``a_chunk (B, nc, C, K)`` the whole-chunk decays and ``s_chunk (B, nc, N, C, K)`` each chunk's own writes."""
+    b, _, n, c, k = s_chunk.shape
+    h = h0 if h0 is not None else s_chunk.new_zeros(b, n, c, k)
+    starts = []
+    for a_j, s_j in zip(a_chunk.unbind(1), s_chunk.unbind(1)):
+        starts.append(h)
+        h = a_j[:, None] * h + s_j
+    return torch.stack(starts, 1), h
 
 
 def _chunked_scan(g: Tensor, u: Tensor, Bm: Tensor, Cm: Tensor, s: Tensor, w: Tensor, t_chunk: int,
@@ -266,18 +287,40 @@ def _chunked_scan(g: Tensor, u: Tensor, Bm: Tensor, Cm: Tensor, s: Tensor, w: Te
     s_chunk = torch.bmm(Bc.reshape(b * nc, T, n).transpose(1, 2), v).reshape(b, nc, n, c, k) * r_end[:, :, None]
     a_chunk = torch.exp(-G[:, :, -1, :, None] * s)  # whole-chunk decay (B, nc, C, K)
     first = torch.exp(-G[:, :, 0, :, None] * s)  # the first step's decay
-    h = h0 if h0 is not None else torch.zeros(b, n, c, k, dtype=u.dtype, device=u.device)
-    starts = []
-    for a_j, s_j in zip(a_chunk.unbind(1), s_chunk.unbind(1)):
-        starts.append(h)
-        h = a_j[:, None] * h + s_j
-    h_start = (torch.stack(starts, 1) * first[:, :, None]).reshape(b * nc, n, c * k)
+    starts, h = _carry_states(a_chunk, s_chunk, h0)
+    h_start = (starts * first[:, :, None]).reshape(b * nc, n, c * k)
     # carried state exp(-s G_first) C_t . h_start plus the intra-chunk sum, in one batched product
     total = torch.baddbmm(torch.bmm(Cc.reshape(b * nc, T, n), h_start), cb.reshape(b * nc, T, T), v)
     # read out: y_t = sum_k w_k exp(R_t) total_t (positive weights fold into the exponent: one pass less)
     readout = torch.exp(w.log() - grel) if bool((w > 0).all()) else torch.exp(-grel) * w
     y = (total.reshape(b, nc, T, c, k) * readout).sum(-1)
     return y.reshape(b, nc * T, c)[:, :n_len], h
+
+
+def _segsum_scan(g: Tensor, u: Tensor, Bm: Tensor, Cm: Tensor, s: Tensor, w: Tensor, t_chunk: int,
+                 h0: Tensor | None) -> tuple[Tensor, Tensor]:
+    """As ``_chunked_scan``, but every decay inside a chunk is ``exp(-s_k seg[t, s'])`` with the segment sum
+    ``seg[t, s'] = sum_{s' < j <= t} g_j`` built by a cumulative sum (no difference of large sums, no
+    exponent above 0): exact for any decay, ``T x T`` numbers per channel and mode."""
+    b, n_len, c = g.shape
+    n, k = Bm.shape[-1], s.numel()
+    T = t_chunk
+    gc, uc = _chunk_view(g, T), _chunk_view(u, T)  # (B, nc, T, C)
+    Bc, Cc = _chunk_view(Bm, T), _chunk_view(Cm, T)
+    nc = gc.shape[1]
+    later = torch.ones(T, T, dtype=torch.bool, device=u.device).tril(-1)  # t > s'
+    seg = (gc[:, :, :, None] * later[:, :, None]).cumsum(2)  # (B, nc, T, T, C): [t, s'] for t >= s'
+    decay = torch.exp(-seg[..., None] * s)  # (B, nc, T, T, C, K); above the diagonal masked by cb
+    causal = torch.ones(T, T, dtype=torch.bool, device=u.device).tril()
+    cb = torch.matmul(Cc, Bc.transpose(2, 3)).masked_fill(~causal, 0.0)  # (B, nc, T, T)
+    y = (decay * (cb[..., None] * uc[:, :, None])[..., None]).sum(3)  # (B, nc, T, C, K)
+    # writes decayed to the chunk end: sum_s' B_s' exp(-s_k seg[T-1, s']) u_s'
+    ends = (decay[:, :, -1] * uc[..., None]).reshape(b * nc, T, c * k)
+    s_chunk = torch.bmm(Bc.reshape(b * nc, T, n).transpose(1, 2), ends).reshape(b, nc, n, c, k)
+    carry = torch.exp(-gc.cumsum(2)[..., None] * s)  # (B, nc, T, C, K): decay of the entering state up to t
+    starts, h = _carry_states(carry[:, :, -1], s_chunk, h0)
+    read = torch.bmm(Cc.reshape(b * nc, T, n), starts.reshape(b * nc, n, c * k)).reshape(b, nc, T, c, k)
+    return ((y + read * carry) * w).sum(-1).reshape(b, nc * T, c)[:, :n_len], h
 
 
 def selective_scan_step(

@@ -13,6 +13,7 @@ from datamodules.long_memory import (
     ARFIMADataModule,
     DelayedRecallDataModule,
     MQARDataModule,
+    RecallStage,
     arfima_autocovariance,
     arfima_predictor,
     arfima_sample,
@@ -134,6 +135,11 @@ def test_arfima_batches_carry_the_optimal_prediction() -> None:
         (DelayedRecallDataModule, {"max_lag": 1200}, "max_lag"),
         (DelayedRecallDataModule, {"vocab_size": 40}, "vocab_size"),
         (DelayedRecallDataModule, {"n_pairs": 20}, "n_pairs"),
+        (DelayedRecallDataModule, {"curriculum": [RecallStage(10, 64, 62)]}, "curriculum stage 0: max_lag"),
+        (DelayedRecallDataModule, {"curriculum": [RecallStage(10, 64, 32), RecallStage(0, 128, 64)]},
+         "curriculum stage 1: steps"),
+        (DelayedRecallDataModule, {"n_pairs": 4, "n_queries": 4, "curriculum": [RecallStage(10, 64, 32)]},
+         "curriculum stage 0: n_pairs"),
         (MQARDataModule, {"seq_len": 40}, "n_pairs"),
         (ARFIMADataModule, {"d": 0.5}, "d must"),
         (ARFIMADataModule, {"d": -0.1}, "d must"),
@@ -151,3 +157,43 @@ def test_arfima_headroom_is_small() -> None:
     _, v = arfima_predictor(0.3, 1101)
     assert 1.07 < v[1] < 1.08 and 1.015 < v[5] < 1.02 and 1.0 < v[1100] < 1.001
     assert math.isclose(arfima_autocovariance(0.3, 1)[0], math.gamma(0.4) / math.gamma(0.7) ** 2, rel_tol=1e-12)
+
+
+def test_curriculum_stages_come_first_in_order_then_the_task() -> None:
+    """Every epoch: stage 0's batches (length 64, lags <= 32), stage 1's (128, <= 100), then the task's own
+    training split; each stage's sequences once, in a seeded order that changes with the epoch."""
+    stages = [RecallStage(steps=3, seq_len=64, max_lag=32), RecallStage(steps=2, seq_len=128, max_lag=100)]
+    dm = DelayedRecallDataModule(seq_len=400, max_lag=300, n_pairs=1, n_queries=4, n_train=40, n_val=5, n_test=5,
+                                 batch_size=8, curriculum=stages)
+    loader = dm.train_dataloader()
+    assert len(loader) == 3 + 2 + 5
+    epochs = []
+    for epoch in (0, 1):
+        loader.sampler.set_epoch(epoch)
+        batches = list(loader)
+        assert [b[0].shape for b in batches] == [(8, 64)] * 3 + [(8, 128)] * 2 + [(8, 400)] * 5
+        for (_tokens, targets, lags), top in zip(batches, [32] * 3 + [100] * 2 + [300] * 5):
+            answered = targets != -100
+            assert answered.sum() == 4 * 8 and 1 <= lags[answered].min() and lags[answered].max() <= top
+        stage0 = torch.cat([b[0] for b in batches[:3]])
+        assert sorted(map(tuple, stage0.tolist())) == sorted(map(tuple, dm.splits["curriculum0"][0].tolist()))
+        epochs.append(batches)
+    assert not torch.equal(epochs[0][0][0], epochs[1][0][0])  # reshuffled within the stage
+    assert dm.val_dataloader().tensors[0].shape[1] == 400 and dm.input_shape == (400,)
+    plain = DelayedRecallDataModule(seq_len=400, max_lag=300, n_pairs=1, n_queries=4, n_train=40, n_val=5, n_test=5)
+    plain.setup()
+    dm.setup()
+    assert torch.equal(plain.splits["train"][0], dm.splits["train"][0])  # the stages leave the task's data alone
+
+
+def test_curriculum_resumes_mid_epoch_across_a_stage_boundary() -> None:
+    stages = [RecallStage(steps=3, seq_len=64, max_lag=32)]
+    kw = dict(seq_len=200, max_lag=150, n_pairs=1, n_train=32, n_val=4, n_test=4, batch_size=8, curriculum=stages)
+    whole = [b[0] for b in DelayedRecallDataModule(**kw).train_dataloader()]
+    for consumed in (2, 3, 5):
+        loader = DelayedRecallDataModule(**kw).train_dataloader()
+        loader.load_state_dict({"epoch": 0, "consumed": consumed})
+        rest = [b[0] for b in loader]
+        assert len(rest) == len(whole) - consumed
+        assert all(torch.equal(a, b) for a, b in zip(rest, whole[consumed:]))
+        assert loader.state_dict() == {"epoch": 0, "consumed": len(whole)}

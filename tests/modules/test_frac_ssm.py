@@ -45,17 +45,19 @@ def inputs(b=2, n_len=520, c=3, n=4, k=8, scale=0.1, seed=0, dtype=F64):
     return x, delta, Bm, Cm, rates, w, lam, D
 
 
+@pytest.mark.parametrize("segsum_chunk", [16, 1])
 @pytest.mark.parametrize("scale", [1e-3, 0.3, 30.0])
-def test_scan_matches_naive_loop_float64(scale: float) -> None:
+def test_scan_matches_naive_loop_float64(scale: float, segsum_chunk: int) -> None:
     """L = 520 (not a multiple of the chunk), 8 modes over 4 decades; at scale 30 the fast modes forget
-    everything in a step and the scan must shorten their chunks."""
+    everything in a step and the scan must shorten their chunks: the segment-sum form takes them (16), or
+    chunks of one step (1)."""
     args = inputs(scale=scale)
-    y, h = selective_scan(*args, return_state=True)
+    y, h = selective_scan(*args, return_state=True, segsum_chunk=segsum_chunk)
     y_ref, h_ref = naive_scan(*args)
     tol = 1e-10 * max(1.0, y_ref.abs().max().item())
     assert (y - y_ref).abs().max().item() < tol
     assert (h - h_ref).abs().max().item() < 1e-10 * max(1.0, h_ref.abs().max().item())
-    assert torch.equal(frac_selective_scan(*args), y)
+    assert torch.equal(frac_selective_scan(*args), selective_scan(*args))
 
 
 def test_scan_matches_naive_loop_for_one_mode_and_no_lam_or_skip() -> None:
