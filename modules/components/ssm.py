@@ -14,7 +14,7 @@ With one mode (``K = 1``, ``w = 1``) this is a selective SSM with one decay per 
 matrix products in the factorised form ``exp(R_t) exp(-R_s)`` of the decay from ``s`` to ``t``; the state is
 carried between chunks by a short loop. The factorised form would overflow when a chunk decays by more than
 ``exp(-thr)``, so each mode runs with the longest chunk (a power of two, at most ``chunk_size``) over which
-it decays by less than that. A mode that would need chunks shorter than ``segsum_chunk`` steps (16; one that
+it decays by less than that. A mode that would need chunks shorter than ``segsum_chunk`` steps (8; one that
 forgets much in a step somewhere in the batch, as a trained selective SSM does at the tokens it resets on)
 takes the segment-sum form instead: every decay ``exp(-s_k sum_{s<j<=t} g_j)`` of a chunk is evaluated on
 its own (Mamba-2's ``segsum``), which never overflows, at the cost of a ``T x T`` tensor per channel and
@@ -160,7 +160,7 @@ def selective_scan(
     chunk_size: int = 64,
     initial_state: Tensor | None = None,
     return_state: bool = False,
-    segsum_chunk: int = 16,
+    segsum_chunk: int = 8,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """The multi-mode selective scan (module docstring), chunked-parallel.
 

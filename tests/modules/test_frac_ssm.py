@@ -45,11 +45,11 @@ def inputs(b=2, n_len=520, c=3, n=4, k=8, scale=0.1, seed=0, dtype=F64):
     return x, delta, Bm, Cm, rates, w, lam, D
 
 
-@pytest.mark.parametrize("segsum_chunk", [16, 1])
+@pytest.mark.parametrize("segsum_chunk", [8, 16, 1])
 @pytest.mark.parametrize("scale", [1e-3, 0.3, 30.0])
 def test_scan_matches_naive_loop_float64(scale: float, segsum_chunk: int) -> None:
     """L = 520 (not a multiple of the chunk), 8 modes over 4 decades; at scale 30 the fast modes forget
-    everything in a step and the scan must shorten their chunks: the segment-sum form takes them (16), or
+    everything in a step and the scan must shorten their chunks: the segment-sum form takes them (chunks of 8 or 16), or
     chunks of one step (1)."""
     args = inputs(scale=scale)
     y, h = selective_scan(*args, return_state=True, segsum_chunk=segsum_chunk)
@@ -282,14 +282,15 @@ def test_fit_and_test_through_the_cli(paperlab_tmp: Path) -> None:
     assert run.data.params["model.init_args.kernel"] == "frac"
 
 
-# --- the claims (the claim budget of configs/frac_ssm/: 3 seeds per arm, 300 / 200 steps) -----------------------
-def _fit_test(config: str, seed: int) -> dict[str, float]:
+# --- the claims (the claim budgets of configs/frac_ssm/: 3 seeds per arm; recall 600 / 1800, ARFIMA 200 steps) ---
+def _fit_test(config: str, seed: int, *overrides: str) -> dict[str, float]:
     """One point of claim_sweep.yaml / arfima_sweep.yaml: fit, then test the best checkpoint."""
     from main import cli_main
     from tests.helpers import REPO, runs_of
 
     name = f"{Path(config).stem}-s{seed}"
-    args = ["--config", str(REPO / "configs/frac_ssm" / config), "--seed_everything", str(seed), "--run.name", name]
+    args = ["--config", str(REPO / "configs/frac_ssm" / config), *overrides, "--seed_everything", str(seed),
+            "--run.name", name]
     assert cli_main(["fit", *args]) == 0
     assert cli_main(["test", *args, "--ckpt_path", "best"]) == 0
     (run,) = [r for r in runs_of("frac_ssm") if r.info.run_name == name]
@@ -300,20 +301,45 @@ def _mean(runs: list[dict[str, float]], key: str) -> float:
     return sum(r[key] for r in runs) / len(runs)
 
 
-@pytest.mark.slow  # 6 runs of 300 steps at length 1100: about 6-12 CPU minutes
-@pytest.mark.xfail(strict=True, reason="the paper's recall claim is not reproduced at this budget: both kernels "
-                   "stay at chance (long-lag gap 0.0, docs/papers/frac_ssm.md); strict: a pass means the README "
-                   "row must change")
-def test_recall_claim_at_the_claim_budget(paperlab_tmp: Path) -> None:
-    """The issue's recall claim as claim_sweep.yaml runs it (3 seeds per arm, equal state, equal steps):
-    accuracy on lags >= 256 at least 15 points above the exponential baseline, within 10 points below lag 32;
-    FRAC's trained kernels straight in log-log over >= 2 decades, the baseline's straighter in semilog."""
-    recall = {k: [_fit_test(f"recall_{k}.yaml", s) for s in (0, 1, 2)] for k in ("frac", "exp")}
-    long_gap = _mean(recall["frac"], "test/acc_lag256_1024") - _mean(recall["exp"], "test/acc_lag256_1024")
-    short_gap = _mean(recall["frac"], "test/acc_lag1_32") - _mean(recall["exp"], "test/acc_lag1_32")
+FIRST_STAGE = ("--trainer.max_steps", "600", "--trainer.val_check_interval", "600")
+
+
+def check_recall(runs: dict[str, list[dict[str, float]]]) -> None:
+    """The issue's recall claim: FRAC's accuracy on lags >= 256 at least 15 points above the exponential
+    baseline's, within 10 points of it below lag 32 (means over seeds)."""
+    long_gap = _mean(runs["frac"], "test/acc_lag256_1024") - _mean(runs["exp"], "test/acc_lag256_1024")
+    short_gap = _mean(runs["frac"], "test/acc_lag1_32") - _mean(runs["exp"], "test/acc_lag1_32")
     assert long_gap >= 0.15, long_gap
     assert abs(short_gap) <= 0.10, short_gap
+
+
+def test_check_recall_accepts_the_claim_and_refuses_its_negations() -> None:
+    def runs(frac_long, exp_long, frac_short=1.0, exp_short=1.0):
+        return {"frac": [{"test/acc_lag256_1024": frac_long, "test/acc_lag1_32": frac_short}],
+                "exp": [{"test/acc_lag256_1024": exp_long, "test/acc_lag1_32": exp_short}]}
+    check_recall(runs(0.8, 0.6))
+    for bad in (runs(0.7, 0.6), runs(1.0, 1.0), runs(0.8, 0.6, frac_short=0.8)):
+        with pytest.raises(AssertionError):
+            check_recall(bad)
+
+
+@pytest.mark.slow  # 6 runs of 600 steps on 64-token sequences, tested at length 1100: about 5 CPU minutes
+def test_recall_claim_after_the_first_curriculum_stage(paperlab_tmp: Path) -> None:
+    """claim_sweep.yaml's 600-step points (3 seeds per arm, equal state, equal steps): trained on lags <= 32
+    only, tested on lags to 1024; FRAC's trained kernels straight in log-log, the baseline's in semilog."""
+    recall = {k: [_fit_test(f"recall_{k}.yaml", s, *FIRST_STAGE) for s in (0, 1, 2)] for k in ("frac", "exp")}
     _assert_kernel_shapes(recall)
+    check_recall(recall)
+
+
+@pytest.mark.slow  # 6 runs of 1800 steps (the whole curriculum): about 25 CPU minutes
+@pytest.mark.xfail(strict=True, reason="not reproduced after the whole curriculum: both kernels recall every lag "
+                   "(test accuracy 1 in all 6 runs, docs/papers/frac_ssm.md), so there is no gap; strict: a pass "
+                   "means the README row must change")
+def test_recall_claim_after_the_whole_curriculum(paperlab_tmp: Path) -> None:
+    """claim_sweep.yaml's 1800-step points (3 seeds per arm): the issue's recall claim at the full budget."""
+    recall = {k: [_fit_test(f"recall_{k}.yaml", s) for s in (0, 1, 2)] for k in ("frac", "exp")}
+    check_recall(recall)
 
 
 @pytest.mark.slow  # 6 runs of 200 steps at length 1100: about 8 CPU minutes
