@@ -326,20 +326,31 @@ def test_check_recall_accepts_the_claim_and_refuses_its_negations() -> None:
 @pytest.mark.slow  # 6 runs of 600 steps on 64-token sequences, tested at length 1100: about 5 CPU minutes
 def test_recall_claim_after_the_first_curriculum_stage(paperlab_tmp: Path) -> None:
     """claim_sweep.yaml's 600-step points (3 seeds per arm, equal state, equal steps): trained on lags <= 32
-    only, tested on lags to 1024; FRAC's trained kernels straight in log-log, the baseline's in semilog."""
+    only, tested on lags to 1024. The issue's claim does not hold (long-lag gap +0.09 < 0.15, the seed spread
+    as large as the gap; docs/papers/frac_ssm.md); what holds instead: both arms learn the short lags on
+    average (mean accuracy below lag 32 >= 0.85) and neither recalls the long lags as well as the short ones.
+    The kernel diagnostic is not checked here: at fit end it sees a 64-token training batch (1.2 decades)."""
     recall = {k: [_fit_test(f"recall_{k}.yaml", s, *FIRST_STAGE) for s in (0, 1, 2)] for k in ("frac", "exp")}
-    _assert_kernel_shapes(recall)
-    check_recall(recall)
+    with pytest.raises(AssertionError):
+        check_recall(recall)
+    for runs in recall.values():
+        assert _mean(runs, "test/acc_lag1_32") >= 0.85
+        assert _mean(runs, "test/acc_lag256_1024") < _mean(runs, "test/acc_lag1_32")
 
 
-@pytest.mark.slow  # 6 runs of 1800 steps (the whole curriculum): about 25 CPU minutes
-@pytest.mark.xfail(strict=True, reason="not reproduced after the whole curriculum: both kernels recall every lag "
-                   "(test accuracy 1 in all 6 runs, docs/papers/frac_ssm.md), so there is no gap; strict: a pass "
-                   "means the README row must change")
+@pytest.mark.slow  # 6 runs of 1800 steps (the whole curriculum): about 20 CPU minutes
 def test_recall_claim_after_the_whole_curriculum(paperlab_tmp: Path) -> None:
-    """claim_sweep.yaml's 1800-step points (3 seeds per arm): the issue's recall claim at the full budget."""
+    """claim_sweep.yaml's 1800-step points (3 seeds per arm). The issue's claim does not hold: both arms
+    recall nearly every lag (mean long-lag accuracy >= 0.9 for both), so there is no 15-point gap; the
+    baseline's kernels are exponentials (semilog R^2 > 0.99), FRAC's straighter in log-log than the
+    baseline's."""
     recall = {k: [_fit_test(f"recall_{k}.yaml", s) for s in (0, 1, 2)] for k in ("frac", "exp")}
-    check_recall(recall)
+    with pytest.raises(AssertionError):
+        check_recall(recall)
+    assert min(_mean(runs, "test/acc_lag256_1024") for runs in recall.values()) >= 0.9
+    assert min(r["diag/kernel_shape/decades"] for runs in recall.values() for r in runs) >= 2.0
+    assert _mean(recall["exp"], "diag/kernel_shape/semilog_r2") > 0.99
+    assert _mean(recall["frac"], "diag/kernel_shape/loglog_r2") > _mean(recall["exp"], "diag/kernel_shape/loglog_r2")
 
 
 @pytest.mark.slow  # 6 runs of 200 steps at length 1100: about 8 CPU minutes
