@@ -95,6 +95,28 @@ def test_claims_1_2_ablation(paperlab_tmp: Path):
     check_ablation_as_found(gain)
 
 
+def check_ablation_long_as_found(gain: dict[str, float]) -> None:
+    """What docs/papers/residual_can.md reports at the longer budget (2,500 steps x 2,048 points, float64):
+    ResidualCAN is below the SiLU MLP by more than at 500 steps but still by less than 100x, and the CauchyAct
+    MLP without the residual keeps more than half of that gain on a log scale (the activation, not the
+    residual, carries most of it); Gaussian bumps then keep at least as much as the CauchyAct MLP alone."""
+    assert 12 < gain["residual_can"] < 100, gain
+    assert math.log(gain["cauchy_mlp"]) >= 0.5 * math.log(gain["residual_can"]), gain
+    assert gain["gaussian_bumps"] >= gain["cauchy_mlp"], gain
+
+
+@pytest.mark.slow  # 12 runs of 2,500 steps x 2,048 points in float64: about 25 CPU minutes
+def test_claims_1_2_ablation_long_budget(paperlab_tmp: Path):
+    """At 5x the claim budget the paper's statement still does not hold; what the docs report instead does."""
+    run_sweep("ablation_long")
+    means = group_means("ablation_long", "test/rel_l2", ABL_BY)
+    assert {RCAN, SILU, CAUCHY_MLP, GAUSS} <= set(means) and all(m[2] == 3 for m in means.values()), means
+    gain = ablation_gains(means)
+    with pytest.raises(AssertionError):
+        check_ablation(gain)
+    check_ablation_long_as_found(gain)
+
+
 # --- claim 3: the loss-activation factorial at the trapped eps ---------------------------------------------------
 FAC_BY = ["model.activation", "model.loss"]
 ESCAPES = [("cauchy", "l1"), ("cauchy", "huber"), ("silu", "cauchy")]
