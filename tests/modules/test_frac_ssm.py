@@ -338,7 +338,7 @@ def test_recall_claim_after_the_first_curriculum_stage(paperlab_tmp: Path) -> No
         assert _mean(runs, "test/acc_lag256_1024") < _mean(runs, "test/acc_lag1_32")
 
 
-@pytest.mark.slow  # 6 runs of 1800 steps (the whole curriculum): about 20 CPU minutes
+@pytest.mark.slow  # 6 runs of 1800 steps (the whole curriculum): about 23 CPU minutes
 def test_recall_claim_after_the_whole_curriculum(paperlab_tmp: Path) -> None:
     """claim_sweep.yaml's 1800-step points (3 seeds per arm). The issue's claim does not hold: both arms
     recall nearly every lag (mean long-lag accuracy >= 0.9 for both), so there is no 15-point gap; the
