@@ -4,7 +4,7 @@ A trained recall model writes with large ``Delta`` at the tokens it stores and n
 filler. One large step makes the factorised chunk form unusable for the fast modes over any chunk that
 holds it, so before the segment-sum form those modes ran step by step. Compared, forward plus backward on
 one batch, interleaved over several rounds (the median per contender is reported):
-  segsum  the scan as it runs (fast modes in the segment-sum form, chunks of 16)
+  segsum  the scan as it runs (fast modes in the segment-sum form, its default chunks of 8)
   steps   the same scan with ``segsum_chunk=1`` (fast modes step by step: the previous behaviour)
   loop    the plain recurrence written out (the test suite's reference)
 for the exponential baseline (one mode, 128 states) and FRAC (8 modes, 16 states) at the recall size

@@ -262,6 +262,13 @@ def _carry_states(a_chunk: Tensor, s_chunk: Tensor, h0: Tensor | None) -> Tensor
     return torch.stack(starts, 1), h
 
 
+def _causal_cb(Cc: Tensor, Bc: Tensor) -> Tensor:
+    """``C_t . B_s`` of every chunk for ``s <= t``, 0 above the diagonal: ``(B, nc, T, T)``."""
+    T = Cc.shape[2]
+    causal = torch.ones(T, T, dtype=torch.bool, device=Cc.device).tril()
+    return torch.matmul(Cc, Bc.transpose(2, 3)).masked_fill(~causal, 0.0)
+
+
 def _chunked_scan(g: Tensor, u: Tensor, Bm: Tensor, Cm: Tensor, s: Tensor, w: Tensor, t_chunk: int,
                   h0: Tensor | None) -> tuple[Tensor, Tensor]:
     """The scan of the modes ``s (K,)`` with chunks of ``t_chunk`` steps: ``(y (B, L, C), h_L (B, N, C, K))``.
@@ -279,8 +286,7 @@ def _chunked_scan(g: Tensor, u: Tensor, Bm: Tensor, Cm: Tensor, s: Tensor, w: Te
     grel = (G - G[:, :, :1])[..., None] * s
     v = torch.exp(grel) * uc  # exp(-R_s) u_s, <= exp(thr) |u|
     # intra-chunk: y_t <- sum_{s <= t} (C_t . B_s) exp(R_t - R_s) u_s = exp(R_t) [(C B^T, masked) @ v]_t
-    mask = torch.ones(T, T, dtype=torch.bool, device=u.device).tril()
-    cb = torch.matmul(Cc, Bc.transpose(2, 3)).masked_fill(~mask, 0.0)
+    cb = _causal_cb(Cc, Bc)
     v = v.reshape(b * nc, T, c * k)
     # each chunk's own writes at its end: exp(R_end) sum_s B_s exp(-R_s) u_s
     r_end = torch.exp(-grel[:, :, -1])  # (B, nc, C, K)
@@ -311,8 +317,7 @@ def _segsum_scan(g: Tensor, u: Tensor, Bm: Tensor, Cm: Tensor, s: Tensor, w: Ten
     later = torch.ones(T, T, dtype=torch.bool, device=u.device).tril(-1)  # t > s'
     seg = (gc[:, :, :, None] * later[:, :, None]).cumsum(2)  # (B, nc, T, T, C): [t, s'] for t >= s'
     decay = torch.exp(-seg[..., None] * s)  # (B, nc, T, T, C, K); above the diagonal masked by cb
-    causal = torch.ones(T, T, dtype=torch.bool, device=u.device).tril()
-    cb = torch.matmul(Cc, Bc.transpose(2, 3)).masked_fill(~causal, 0.0)  # (B, nc, T, T)
+    cb = _causal_cb(Cc, Bc)
     y = (decay * (cb[..., None] * uc[:, :, None])[..., None]).sum(3)  # (B, nc, T, C, K)
     # writes decayed to the chunk end: sum_s' B_s' exp(-s_k seg[T-1, s']) u_s'
     ends = (decay[:, :, -1] * uc[..., None]).reshape(b * nc, T, c * k)
