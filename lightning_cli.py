@@ -15,6 +15,7 @@ import importlib
 import logging
 import os
 import re
+import secrets
 import shlex
 import sys
 import warnings
@@ -29,15 +30,16 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from callbacks.best_metric import BestMetric
 from callbacks.checkpoints import BestCheckpoint, LastCheckpoint
-from callbacks.config_artifact import ConfigArtifact, method_name
 from callbacks.diagnostic import Diagnostic
 from callbacks.guards import FiniteLossGuard, InterruptCheckpoint
-from callbacks.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, default_tracking_uri
 from callbacks.predictions import PredictionWriter
-from callbacks.run_registry import RunRegistry, archive_previous, resolve_checkpoint, run_id_for_checkpoint
-from callbacks.system_metrics import SystemMetrics
-from datamodules.base import LINKED_SIZES
+from datamodules.base import LINKED_SIZES, PaperlabDataModule
 from errors import ConfigError, PaperlabError
+from modules.base import PaperTask
+from tracking.config_artifact import ConfigArtifact, method_name
+from tracking.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, default_tracking_uri
+from tracking.run_registry import RunRegistry, archive_previous, resolve_checkpoint, run_id_for_checkpoint
+from tracking.system_metrics import SystemMetrics
 
 
 class _DropTip(logging.Filter):
@@ -110,8 +112,9 @@ class PaperlabCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, run: bool = True) -> None:
         self.argv = list(sys.argv[1:] if args is None else args)
         super().__init__(
-            model_class=L.LightningModule,
-            datamodule_class=L.LightningDataModule,
+            # --model and --data take paperlab's bases only: anything else is one line naming them
+            model_class=PaperTask,
+            datamodule_class=PaperlabDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
             save_config_callback=ConfigArtifact,
@@ -131,6 +134,9 @@ class PaperlabCLI(LightningCLI):
             },
             # optimizers and schedulers are arguments of the model (model.init_args.optimizer)
             auto_configure_optimizers=False,
+            # a config without seed_everything gets a seed chosen here, logged with the config (Lightning's own
+            # default, True, would seed every such run with 0)
+            seed_everything_default=secrets.randbelow(2**31),
             args=args,
             run=run,
         )
@@ -160,6 +166,12 @@ class PaperlabCLI(LightningCLI):
         for size in LINKED_SIZES:
             parser.link_arguments(f"data.{size}", f"model.init_args.{size}", apply_on="instantiate")
 
+    def _value(self, config: Any, key: str, default: Any = None) -> Any:
+        """``config[<subcommand>.]key``. LightningCLI has no public accessor for a value of the parsed config
+        under the running subcommand; its ``_get`` is that accessor, wrapped here once so that no other
+        line depends on a private name."""
+        return self._get(config, key, default=default)
+
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         # a prefix of an option (--trainer.max_epoch) is an error, not silently the option it starts
         return super().init_parser(**{"allow_abbrev": False, **kwargs})
@@ -168,16 +180,16 @@ class PaperlabCLI(LightningCLI):
     def _run_settings(self) -> tuple[str, str, Path]:
         """Experiment, run name and checkpoint folder. A run started with overrides on the command line
         carries them in its name (``yinyang lr=0.003``), unless ``--run.name`` names it."""
-        run = self._get(self.config, "run")
-        experiment = run.experiment or method_name(model_class(self._get(self.config, "model").class_path))
+        run = self._value(self.config, "run")
+        experiment = run.experiment or method_name(model_class(self._value(self.config, "model").class_path))
         self.overrides = command_overrides(self.argv[1:] if self.subcommand else self.argv)
-        name = run.name or " ".join(filter(None, [config_stem(self._get(self.config, "config")),
+        name = run.name or " ".join(filter(None, [config_stem(self._value(self.config, "config")),
                                                   override_label(self.overrides)]))
         return experiment, name, Path(run.checkpoint_root) / experiment / folder_name(name)
 
     def _check_hardware(self) -> None:
         """A GPU preset without a GPU is one line; more CPU processes than cores, one warning."""
-        trainer = self._get(self.config, "trainer")
+        trainer = self._value(self.config, "trainer")
         accelerator = str(trainer.accelerator)
         strategy = str(getattr(trainer.strategy, "class_path", trainer.strategy))
         wants_gpu = accelerator in ("gpu", "cuda") or any(s in strategy.lower() for s in ("fsdp", "deepspeed"))
@@ -195,7 +207,7 @@ class PaperlabCLI(LightningCLI):
             )
 
     def before_instantiate_classes(self) -> None:
-        threads = self._get(self.config, "run").num_threads
+        threads = self._value(self.config, "run").num_threads
         if threads is not None:
             if threads <= 0:
                 raise ConfigError(f"--run.num_threads must be positive, got {threads}")
@@ -204,12 +216,16 @@ class PaperlabCLI(LightningCLI):
         self.experiment, self.run_name, self.ckpt_dir = self._run_settings()
         self.resolved_ckpt_path = None
         if self.subcommand:
-            self.resolved_ckpt_path = resolve_checkpoint(self._get(self.config, "ckpt_path"), self.ckpt_dir)
+            self.resolved_ckpt_path = resolve_checkpoint(self._value(self.config, "ckpt_path"), self.ckpt_dir)
             self.config[f"{self.subcommand}.ckpt_path"] = self.resolved_ckpt_path
 
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
+            # the run's seed, for the task and the data to read instead of the environment or torch's state
+            seed = self._value(self.config, "seed_everything")
+            if isinstance(seed, int) and not isinstance(seed, bool):
+                self.model.run_seed = self.datamodule.run_seed = seed
         except ValueError as err:
             # jsonargparse wraps what a class raises while it is built ("Does not validate against any of
             # the Union subtypes"); a user error inside is shown as itself, anything else stays a traceback
@@ -226,7 +242,7 @@ class PaperlabCLI(LightningCLI):
             archive_previous(self.ckpt_dir)
         elif subcommand == "fit":  # a resume continues in its own folder: a non-empty one is expected
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-        trainer_config = self._get(self.config_init, "trainer", default={})
+        trainer_config = self._value(self.config_init, "trainer", default={})
         if trainer_config.get("logger") in (None, True):
             kwargs["logger"] = self._make_logger()
         user = list(trainer_config.get("callbacks") or [])
@@ -235,7 +251,7 @@ class PaperlabCLI(LightningCLI):
 
     def _diagnostics(self, user: list[Callback]) -> list[Callback]:
         """The ``--diagnostics`` preset, minus the classes the experiment already configures itself."""
-        extra = list(self._get(self.config_init, "diagnostics") or [])
+        extra = list(self._value(self.config_init, "diagnostics") or [])
         for d in extra:
             if not isinstance(d, Diagnostic):
                 raise ConfigError(f"--diagnostics takes diagnostics (callbacks.diagnostic.Diagnostic), got "
@@ -250,7 +266,7 @@ class PaperlabCLI(LightningCLI):
     def _make_logger(self) -> PaperlabMLFlowLogger:
         uri = default_tracking_uri()
         check_tracking_server(uri)
-        run = self._get(self.config, "run")
+        run = self._value(self.config, "run")
         tags = dict(run.tags or {})
         if run.parent_run_id:
             tags["mlflow.parentRunId"] = run.parent_run_id
@@ -283,7 +299,7 @@ class PaperlabCLI(LightningCLI):
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
         lines = [f"paperlab {stage} finished: {self.experiment} / {self.run_name}"]
-        monitor = getattr(self.model, "monitor", None)
+        monitor = self.model.monitor
         best = next((c.best for c in trainer.callbacks if isinstance(c, BestMetric)), None)
         if stage == "fit" and monitor in metrics:
             lines.append(f"  {monitor}: last {metrics[monitor]:.4g}" + (f", best {best:.4g}" if best is not None else ""))
@@ -303,8 +319,8 @@ class PaperlabCLI(LightningCLI):
         print("\n".join(lines), flush=True)
 
     def _project_callbacks(self, config: dict[str, Any], user: list[Callback]) -> list[Callback]:
-        monitor = getattr(self.model, "monitor", None)
-        mode = getattr(self.model, "monitor_mode", "max")
+        monitor = self.model.monitor
+        mode = self.model.monitor_mode
         ckpt_dir = str(self.ckpt_dir)
         out: list[Callback] = [RunRegistry(ckpt_dir), InterruptCheckpoint(ckpt_dir)]
         if not any(isinstance(c, FiniteLossGuard) for c in user):
@@ -312,12 +328,12 @@ class PaperlabCLI(LightningCLI):
         if config.get("enable_checkpointing", True) is not False and not any(
             isinstance(c, Checkpoint) for c in user
         ):
-            run = self._get(self.config, "run")
+            run = self._value(self.config, "run")
             out += [BestCheckpoint(ckpt_dir, monitor=monitor, mode=mode),
                     LastCheckpoint(ckpt_dir, min_interval_s=run.checkpoint_interval_s, every_s=run.checkpoint_every_s)]
         if monitor and not any(isinstance(c, BestMetric) for c in user):
             out.append(BestMetric(monitor=monitor, mode=mode))
-        if self._get(self.config, "run").system_metrics:
+        if self._value(self.config, "run").system_metrics:
             out.append(SystemMetrics())
         if (self.subcommand or "fit") == "predict":
             out.append(PredictionWriter(ckpt_dir))

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from callbacks.grad_variance import GradientVarianceEstimator  # noqa: E402
-from callbacks.grad_variance.per_sample import loop_stats  # noqa: E402
+from modules.components.grad_variance import GradientVarianceEstimator  # noqa: E402
+from modules.components.grad_variance.per_sample import loop_stats  # noqa: E402
 from modules.components.tiny_gpt import TinyGPT  # noqa: E402
 
 

@@ -9,10 +9,10 @@ the causal sets of irrelevant neurons are blanked. ``mode="full"`` keeps every c
 
 Protocols the model may expose (the callback never imports a method):
 
-* ``spike_times(batch)`` (``callbacks.protocols.SpikeTimes``): ``[(t_pre (B, N_in), t_post (B, N_out)),
+* ``spike_times(batch)`` (``modules.protocols.SpikeTimes``): ``[(t_pre (B, N_in), t_post (B, N_out)),
   ...]`` per layer, ``inf`` = no spike. Layer ``l``'s inputs are layer ``l - 1``'s outputs, optionally
   followed by extra (bias) inputs.
-* ``activation_patterns(batch)`` (``callbacks.protocols.ActivationPatterns``): ``[bool (B, width), ...]``,
+* ``activation_patterns(batch)`` (``modules.protocols.ActivationPatterns``): ``[bool (B, width), ...]``,
   the activation pattern of a piecewise-linear network (its linear region).
 * neither: forward hooks on every ``nn.ReLU`` / ``nn.LeakyReLU`` record ``pre-activation > 0`` (linear
   regions of a ReLU network).
@@ -46,8 +46,8 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
-from callbacks.protocols import ActivationPatterns, SpikeTimes
 from errors import ConfigError
+from modules.protocols import ActivationPatterns, SpikeTimes
 
 PREFIX = "diag/causal_pieces"
 # (x * _BYTE_MAGIC) >> 56 gathers the low bits of the 8 bytes of x into one byte (x's bytes are 0 or 1)

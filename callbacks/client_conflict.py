@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
-from callbacks.protocols import ClientUpdates
+from modules.protocols import ClientUpdates
 
 
 def cosines(updates: Tensor, direction: Tensor) -> Tensor:

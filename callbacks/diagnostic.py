@@ -1,7 +1,7 @@
 """``Diagnostic``: the base of every diagnostic callback (Cockpit's "quantity": one class per measured thing).
 
 A subclass declares a ``name`` (its metrics are ``diag/<name>/<key>``) and the capabilities it needs
-(``requires``, protocols from ``callbacks.protocols``), and implements ``measure``: the local statistics of
+(``requires``, protocols from ``modules.protocols``), and implements ``measure``: the local statistics of
 one measurement. The base does everything else, the same way for every diagnostic:
 
 - when: one ``Schedule`` (at fit start, every N optimiser steps, every N epochs, log-spaced steps, at every
@@ -14,8 +14,9 @@ one measurement. The base does everything else, the same way for every diagnosti
   ``finalize`` turns the global statistics into the logged values;
 - emit: one path, rank 0, to every logger (``diag/<name>/<key>`` at the global step) and to
   ``trainer.callback_metrics`` (so a checkpoint or early stop can monitor a diagnostic);
-- history: the last ``max_history`` measurements, for figures; ``figure()`` draws them at fit end through
-  ``callbacks.figures.log_figure``;
+- history: the last ``max_history`` measurements, for figures; ``figure()`` draws them and ``table()`` lists
+  rows, both emitted at fit end by the base through ``tracking/`` (``figures/<name>.png``,
+  ``tables/<name>.csv``): a diagnostic never looks at loggers;
 - state: history and ``extra_state()`` go into checkpoints under a ``state_key`` that includes the
   diagnostic's arguments, so two instances of one diagnostic never overwrite each other's state;
 - capabilities: checked at ``setup``; a module without them fails with one line naming the method to
@@ -35,9 +36,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from callbacks.figures import log_figure
-from callbacks.protocols import method_of
 from errors import ConfigError
+from modules.protocols import method_of
+from tracking.figures import log_figure
+from tracking.tables import log_table
 
 Reduction = Literal["sum", "max", "min"]
 MomentKind = Literal["fit_start", "step", "epoch", "validation"]
@@ -114,7 +116,7 @@ class Diagnostic(Callback):
 
     #: metrics are logged as ``diag/<name>/<key>``
     name: ClassVar[str]
-    #: protocols (``callbacks.protocols``) the module must implement
+    #: protocols (``modules.protocols``) the module must implement
     requires: ClassVar[tuple[type, ...]] = ()
     #: measure right after optimiser step s, or right before step s + 1 with its batch
     moment: ClassVar[Literal["after_step", "before_step"]] = "after_step"
@@ -169,6 +171,10 @@ class Diagnostic(Callback):
 
     def figure(self) -> Any | None:
         """A matplotlib figure of ``self.history`` (None: no figure)."""
+        return None
+
+    def table(self) -> list[dict[str, Any]] | None:
+        """Rows (one mapping each, the same keys) logged as ``tables/<name>.csv`` at fit end (None: no table)."""
         return None
 
     def extra_state(self) -> dict[str, Any]:
@@ -298,9 +304,13 @@ class Diagnostic(Callback):
             self.run(trainer, pl_module, Moment("validation", trainer.global_step, trainer.current_epoch))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not (self.active and self.plot and self.history and trainer.is_global_zero and trainer.loggers):
+        if not (self.active and trainer.is_global_zero and trainer.loggers):
             return
-        fig = self.figure()
-        if fig is not None:
-            self.log_figure(trainer, fig, f"figures/{self.name}.png")
+        if self.plot and self.history:
+            fig = self.figure()
+            if fig is not None:
+                self.log_figure(trainer, fig, f"figures/{self.name}.png")
+        rows = self.table()
+        if rows:
+            log_table(trainer, rows, f"tables/{self.name}.csv")
 

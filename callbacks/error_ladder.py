@@ -1,7 +1,7 @@
-"""``ErrorLadderCallback``: the compression ladder's true errors, bounds and predictions after every level.
+"""``ErrorLadder``: the compression ladder's true errors, bounds and predictions after every level.
 
 After each epoch (one level of a ``CompressionLadder``) it asks the module for ``error_ladder(batch)``
-(``callbacks.protocols.ErrorLadder``) on the signals just trained on and logs, averaged over the test
+(``modules.protocols.ProvidesErrorLadder``) on the signals just trained on and logs, averaged over the test
 signals, ``diag/error_ladder/true_<k>`` (RMS error of level k against the truth), ``bound_<k>``
 (d_k factor(rho_calib)), ``pred_<k>`` (the signal-specific prediction), ``rho_calib``, ``coverage`` and
 ``tightness`` as far as the levels fitted so far allow. At fit end it logs the figure
@@ -19,32 +19,28 @@ from typing import Any, Literal
 import lightning as L
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
-from callbacks.figures import log_artifact_bytes, mlflow_logger
-from callbacks.protocols import ErrorLadder
+from modules.protocols import ProvidesErrorLadder
 
 
-class ErrorLadderCallback(Diagnostic):
+class ErrorLadder(Diagnostic):
     """Logs the ladder table after every level (see the module docstring).
 
     Args:
         schedule: when to measure (default: after every epoch, i.e. every level).
-        table: log ``tables/error_ladder.csv`` at fit end.
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
 
     name = "error_ladder"
-    requires = (ErrorLadder,)
+    requires = (ProvidesErrorLadder,)
 
     def __init__(
         self,
         schedule: Schedule | None = None,
-        table: bool = True,
         if_unsupported: Literal["error", "skip"] = "error",
         plot: bool = True,
         max_history: int = 10_000,
     ) -> None:
         super().__init__(schedule or Schedule(at_fit_start=False, every_n_epochs=1), if_unsupported, plot, max_history)
-        self.table = table
         self.last: dict[str, Any] | None = None
 
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any] | None:
@@ -64,22 +60,22 @@ class ErrorLadderCallback(Diagnostic):
                 out[name] = summary[key]
         return out
 
-    def table_csv(self) -> str | None:
-        """One row per (signal, level) of the last measurement."""
+    def table(self) -> list[dict[str, Any]] | None:
+        """One row per (signal, level) of the last measurement (``tables/error_ladder.csv``)."""
         lad = self.last
         if lad is None:
             return None
-        rows = ["signal,role,level,true_rmse,d,bound,pred_self,pred_calib"]
+        rows = []
         true, calib = lad["true"], lad["calib"]
         n = true.shape[1]
         for s in range(true.shape[0]):
             for k in range(n):
-                extra = ["", "", "", ""]
-                if k < n - 1 and "d" in lad:
-                    extra = [f"{float(lad[key][s, k]):.6g}" for key in ("d", "bound", "pred_self", "pred_calib")]
-                role = "calib" if bool(calib[s]) else "test"
-                rows.append(",".join([str(s), role, str(lad["levels"][k]), f"{float(true[s, k]):.6g}", *extra]))
-        return "\n".join(rows) + "\n"
+                row: dict[str, Any] = {"signal": s, "role": "calib" if bool(calib[s]) else "test",
+                                       "level": lad["levels"][k], "true_rmse": float(true[s, k])}
+                for key in ("d", "bound", "pred_self", "pred_calib"):
+                    row[key] = float(lad[key][s, k]) if k < n - 1 and "d" in lad else ""
+                rows.append(row)
+        return rows
 
     def figure(self) -> Any | None:
         lad = self.last
@@ -117,12 +113,3 @@ class ErrorLadderCallback(Diagnostic):
                 a.axis("off")
         fig.tight_layout()
         return fig
-
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_fit_end(trainer, pl_module)
-        if not (self.active and self.table and trainer.is_global_zero):
-            return
-        text = self.table_csv()
-        logger = mlflow_logger(trainer)
-        if text is not None and logger is not None:
-            log_artifact_bytes(logger, text, "tables/error_ladder.csv")

@@ -1,7 +1,7 @@
 """Gradient variance diagnostic: tr(Sigma), |G|^2 and the simple noise scale from per-sample gradients.
 
 ``estimate_gradient_variance(model, per_sample_loss, batch)`` works on any ``nn.Module`` (see
-``callbacks.grad_variance``); the ``GradientVariance`` callback runs it inside Lightning.
+``modules.components.grad_variance``); the ``GradientVariance`` callback runs it inside Lightning.
 ``per_sample_gradients(model, per_sample_loss, batch)`` returns the ``(B, P)`` per-sample gradients
 themselves, by the same paths.
 
@@ -19,7 +19,7 @@ logs, every ``every_n_steps`` optimizer steps, on the batch just trained on (bef
   diag/grad_var/n                      B, the samples measured
   diag/grad_var/<module>/<key>         per layer (``per_layer=True``), the first five keys
 tr(Sigma) and minibatch_var scale with the square of the loss (half the loss, a quarter of the variance);
-the noise scales do not, so compare estimators by them (see ``callbacks.grad_variance.stats``).
+the noise scales do not, so compare estimators by them (see ``modules.components.grad_variance.stats``).
 
 It never touches ``.grad`` or the optimizer, so the training step is unchanged. With gradient
 accumulation it uses the last micro-batch of the window; under mixed precision it computes with autocast
@@ -37,17 +37,17 @@ import torch
 from torch import nn
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
-from callbacks.grad_variance import (
+from errors import ConfigError
+from modules.components.grad_variance import (
     GradientVarianceEstimator,
     GradStats,
     estimate_gradient_variance,
     finalize,
     per_sample_gradients,
 )
-from callbacks.grad_variance.estimator import METHODS, param_groups
-from callbacks.grad_variance.per_sample import batch_size, slice_batch
-from callbacks.protocols import PerSampleLoss
-from errors import ConfigError
+from modules.components.grad_variance.estimator import METHODS, param_groups
+from modules.components.grad_variance.per_sample import batch_size, slice_batch
+from modules.protocols import PerSampleLoss
 
 __all__ = ["GradientVariance", "estimate_gradient_variance", "per_sample_gradients"]
 KEYS = ("trace", "grad_norm_sq", "grad_norm_sq_unbiased", "noise_scale", "noise_scale_plugin")

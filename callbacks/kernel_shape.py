@@ -1,7 +1,7 @@
 """KernelShape (paper 002-02): is a layer's realised memory kernel a power law or an exponential?
 
 For every layer the module reports the log of each channel's memory kernel ``K_c(t)`` at lags ``t``
-(``callbacks.protocols.MemoryKernels``: what the state keeps of an impulse after ``t`` steps of real inputs).
+(``modules.protocols.MemoryKernels``: what the state keeps of an impulse after ``t`` steps of real inputs).
 On ``n_points`` log-spaced lags in ``[t_min, t_max]`` this fits, per channel,
 
 - ``log K = a + slope * log t`` (log-log): its slope and R^2 (a power law ``t^(alpha - 1)`` is a straight
@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
-from callbacks.protocols import MemoryKernels
 from errors import ConfigError
+from modules.protocols import MemoryKernels
 
 
 def fit_lines(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

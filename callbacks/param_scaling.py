@@ -1,8 +1,8 @@
-"""ParamScaling (paper 004-01): how a hypernetwork's parameter count grows with the target INR's width W.
+"""ParameterScaling (paper 004-01): how a hypernetwork's parameter count grows with the target INR's width W.
 
 Counting only, once (at fit start): the module reports, for each width W in ``widths`` (every hidden layer
 of the INR W wide, its other settings unchanged), the trainable parameters of each hypernetwork it knows
-(``callbacks.protocols.ParameterScaling``). Logged: ``diag/param_scaling/<model>/w<W>``, per model the
+(``modules.protocols.ProvidesParameterScaling``). Logged: ``diag/param_scaling/<model>/w<W>``, per model the
 ratio of the counts at the two largest widths (``<model>/last_ratio``; a count that does not depend on W has
 1, one affine in W tends to 2, one quartic to 16) and ``<model>/max_over_min``; the table as the artifact
 ``param_scaling/param_scaling.csv`` and a log-log figure. Every rank counts the same: nothing to reduce.
@@ -15,9 +15,9 @@ from typing import Any, Literal
 import lightning as L
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
-from callbacks.figures import log_artifact_bytes, mlflow_logger
-from callbacks.protocols import ParameterScaling
 from errors import ConfigError
+from modules.protocols import ProvidesParameterScaling
+from tracking.figures import log_artifact_bytes, mlflow_logger
 
 
 def scaling_table(widths: list[int], counts: dict[str, list[int]]) -> str:
@@ -28,7 +28,7 @@ def scaling_table(widths: list[int], counts: dict[str, list[int]]) -> str:
     return "\n".join(rows) + "\n"
 
 
-class ParamScaling(Diagnostic):
+class ParameterScaling(Diagnostic):
     """Trainable counts of the module's hypernetworks against the INR width (module docstring).
 
     Args:
@@ -38,7 +38,7 @@ class ParamScaling(Diagnostic):
     """
 
     name = "param_scaling"
-    requires = (ParameterScaling,)
+    requires = (ProvidesParameterScaling,)
 
     def __init__(self, widths: list[int] = [16, 32, 64, 128, 256, 512],  # noqa: B006 - jsonargparse reads it
                  schedule: Schedule = Schedule(at_fit_start=True), if_unsupported: Literal["error", "skip"] = "error",
@@ -90,4 +90,4 @@ class ParamScaling(Diagnostic):
         return fig
 
 
-__all__ = ["ParamScaling", "scaling_table"]
+__all__ = ["ParameterScaling", "scaling_table"]

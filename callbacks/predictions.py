@@ -10,7 +10,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from callbacks.figures import mlflow_logger
+from tracking.figures import mlflow_logger
 
 
 class PredictionWriter(BasePredictionWriter):

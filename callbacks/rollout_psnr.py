@@ -18,9 +18,9 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from callbacks import protocols
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from errors import ConfigError
+from modules import protocols
 
 
 def rollout_summary(mean_psnr: Tensor) -> dict[str, float]:
@@ -44,7 +44,7 @@ class RolloutPSNR(Diagnostic):
     """
 
     name = "rollout_psnr"
-    requires = (protocols.RolloutPSNR,)
+    requires = (protocols.HasRolloutPSNR,)
 
     def __init__(self, schedule: Schedule = Schedule(at_fit_start=True, at_validation=True), max_images: int = 64,
                  if_unsupported: Literal["error", "skip"] = "error", plot: bool = True, max_history: int = 10_000) -> None:

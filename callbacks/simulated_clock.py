@@ -1,7 +1,7 @@
 """The simulated clock of distributed training: seconds, coordinates sent, and the time to reach a target.
 
 Simulated distributed methods count time in simulated seconds, not optimiser steps; this diagnostic puts
-that axis into MLflow. It reads ``sim_clock()`` (``callbacks.protocols.SimulatedClockSource``) from the
+that axis into MLflow. It reads ``sim_clock()`` (``modules.protocols.SimulatedClockSource``) from the
 module, or else from the trainer's strategy (a DDP strategy that simulates who would have answered first),
 and logs
 
@@ -31,8 +31,8 @@ import lightning as L
 import torch
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
-from callbacks.protocols import SimulatedClockSource
 from errors import ConfigError
+from modules.protocols import SimulatedClockSource
 
 
 def clock_source(trainer: L.Trainer, pl_module: L.LightningModule) -> SimulatedClockSource | None:

@@ -129,7 +129,7 @@ class InputSourceTracer:
 
 
 def forward_on(pl_module: L.LightningModule, batch: Any) -> Any:
-    """The module's ``diagnostic_forward(batch)`` (``callbacks.protocols.DiagnosticForward``), else
+    """The module's ``diagnostic_forward(batch)`` (``modules.protocols.DiagnosticForward``), else
     ``forward(batch[0])``."""
     if hasattr(pl_module, "diagnostic_forward"):
         return pl_module.diagnostic_forward(batch)

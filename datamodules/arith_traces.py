@@ -31,57 +31,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from datamodules.arith_vocab import (
+    N_DIGITS,
+    PAIRS,
+    all_prompts,
+    answers,
+    nothink_seqs,
+    operation,
+    thinking_seqs,
+)
 from datamodules.base import TensorDataModule, seeded_split
 from errors import ConfigError
-
-N_DIGITS = 10
-BOS, THINK, END_THINK, P_AB, P_AC, P_BC, EOS, PAD = range(10, 18)
-VOCAB_SIZE = 18
-SEQ_LEN = 10
-#: operand pairs (i, j) of each pair token and the remaining operand k
-PAIRS = ((0, 1, 2), (0, 2, 1), (1, 2, 0))
-N_TRACES = 3 * N_DIGITS
-
-
-def all_prompts() -> Tensor:
-    """The 1000 prompts (a, b, c), prompt id = 100 a + 10 b + c."""
-    ids = torch.arange(1000)
-    return torch.stack([ids // 100, (ids // 10) % 10, ids % 10], 1)
-
-
-def prompt_ids(prompts: Tensor) -> Tensor:
-    return prompts[:, 0] * 100 + prompts[:, 1] * 10 + prompts[:, 2]
-
-
-OPS = {"max": torch.maximum, "sum_mod10": lambda u, v: (u + v) % N_DIGITS}
-
-
-def _op(op: str):
-    if op not in OPS:
-        raise ConfigError(f"op must be one of {sorted(OPS)}, got {op!r}")
-    return OPS[op]
-
-
-def answers(prompts: Tensor, op: str = "max") -> Tensor:
-    """y* = a o b o c."""
-    f = _op(op)
-    return f(f(prompts[:, 0], prompts[:, 1]), prompts[:, 2])
-
-
-def thinking_seqs(prompts: Tensor, pair: Tensor, s1: Tensor, y: Tensor) -> Tensor:
-    """``(N, 10)`` thinking sequences for pair index ``pair`` in 0..2, partial sum ``s1``, answer ``y``."""
-    n = prompts.shape[0]
-    col = lambda v: torch.full((n, 1), v, dtype=torch.long, device=prompts.device)  # noqa: E731
-    return torch.cat([col(BOS), prompts, col(THINK), (P_AB + pair)[:, None], s1[:, None], col(END_THINK),
-                      y[:, None], col(EOS)], 1)
-
-
-def nothink_seqs(prompts: Tensor, y: Tensor) -> Tensor:
-    """``(N, 10)`` no-thinking sequences (padded with PAD after EOS)."""
-    n = prompts.shape[0]
-    col = lambda v: torch.full((n, 1), v, dtype=torch.long, device=prompts.device)  # noqa: E731
-    tail = [col(THINK), col(END_THINK), y[:, None], col(EOS), col(PAD), col(PAD)]
-    return torch.cat([col(BOS), prompts, *tail], 1)
 
 
 def wrong_digit(y: Tensor, gen: torch.Generator) -> Tensor:
@@ -92,7 +52,7 @@ def wrong_digit(y: Tensor, gen: torch.Generator) -> Tensor:
 def teacher_sequences(prompts: Tensor, gen: torch.Generator, p_think: float = 0.5, trace_acc: float = 0.8,
                       nothink_acc: float = 0.6, op: str = "max") -> Tensor:
     """One teacher draw per prompt (see the module docstring)."""
-    f = _op(op)
+    f = operation(op)
     n = prompts.shape[0]
     pair = torch.randint(0, 3, (n,), generator=gen)
     idx = torch.tensor(PAIRS)[pair]  # (n, 3): i, j, k
@@ -136,13 +96,13 @@ class ArithTracesDataModule(TensorDataModule):
         nothink_acc: float = 0.2,
         op: str = "max",
     ) -> None:
-        super().__init__(batch_size, eval_batch_size, (torch.initial_seed() if seed is None else seed) % (1 << 62))
+        super().__init__(batch_size, eval_batch_size, seed)
         if copies < 1:
             raise ConfigError(f"copies must be >= 1, got {copies}")
         for name, p in (("p_think", p_think), ("trace_acc", trace_acc), ("nothink_acc", nothink_acc)):
             if not 0.0 <= p <= 1.0:
                 raise ConfigError(f"{name} is a probability in [0, 1], got {p}")
-        _op(op)
+        operation(op)
         self.op = op
         self.copies = copies
         self.p_think, self.trace_acc, self.nothink_acc = p_think, trace_acc, nothink_acc

@@ -199,6 +199,14 @@ class PaperlabDataModule(L.LightningDataModule):
 
     #: a short name for the MLflow ``dataset`` tag; subclasses override it
     dataset_name: str = "data"
+    #: the run's seed: ``seed_everything`` of the command, set by the CLI right after the DataModule is built
+    #: (0 for a DataModule built in Python, unless set). Read it in ``setup`` or later, never in ``__init__``;
+    #: a ``seed: int | None = None`` argument of a subclass means "the run seed" when None (``seed_or_run``).
+    run_seed: int = 0
+
+    def seed_or_run(self, seed: int | None) -> int:
+        """``seed`` when given, else the run's seed."""
+        return self.run_seed if seed is None else int(seed)
 
     def __str__(self) -> str:
         # Lightning's own builds every dataloader to describe them; jsonargparse formats the DataModule
@@ -212,12 +220,12 @@ class TensorDataModule(PaperlabDataModule):
     Args:
         batch_size: global training batch size (summed over all processes).
         eval_batch_size: batch size for validation, test and predict (default: ``batch_size``).
-        seed: seed of the shuffling order (the data itself is seeded by each subclass).
+        seed: seed of the shuffling order (the data itself is seeded by each subclass); None: the run's seed.
     """
 
     dataset_name: str = "tensors"
 
-    def __init__(self, batch_size: int = 150, eval_batch_size: int | None = None, seed: int = 0) -> None:
+    def __init__(self, batch_size: int = 150, eval_batch_size: int | None = None, seed: int | None = 0) -> None:
         super().__init__()
         if batch_size <= 0:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size}")
@@ -225,8 +233,13 @@ class TensorDataModule(PaperlabDataModule):
             raise ConfigError(f"eval_batch_size must be a positive integer, got {eval_batch_size}")
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
-        self.seed = seed
+        self.fixed_seed = seed
         self.splits: dict[str, Split] | None = None
+
+    @property
+    def seed(self) -> int:
+        """The shuffling seed: ``seed``, else the run's seed (read at setup and later, when the CLI has set it)."""
+        return self.seed_or_run(self.fixed_seed)
 
     def build_splits(self) -> dict[str, Split]:
         """Return ``{"train": (x, y), "val": (x, y), "test": (x, y)}``; ``predict`` defaults to test."""

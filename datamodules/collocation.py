@@ -1,7 +1,7 @@
 """Collocation points for PINNs on an interval (paper 000-02): fresh points every step, a fixed evaluation grid.
 
 Training batches are ``(x (n_collocation, 1),)`` drawn i.i.d. uniform on ``[low, high]`` at every step
-(``modules.components.pde.CollocationSampler``); the stream is a pure function of ``(seed, epoch)``, so a run
+(``CollocationSampler``); the stream is a pure function of ``(seed, epoch)``, so a run
 resumed from an epoch-end checkpoint sees the points an uninterrupted run would. Under DDP every rank draws
 the same global batch and keeps positions ``rank, rank + world, ...``: the union of the ranks' points is the
 single-process batch. Validation and test batches are the ``n_eval`` equispaced grid points (both ends
@@ -13,6 +13,7 @@ disagree about eps.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -20,7 +21,42 @@ from torch import Tensor
 
 from datamodules.base import BatchedTensorLoader, PaperlabDataModule
 from errors import ConfigError
-from modules.components.pde import CollocationSampler, uniform_grid
+
+
+class CollocationSampler:
+    """Fresh i.i.d. uniform points in the box ``[low, high]^dim`` at every call.
+
+    Args:
+        n: points per call.
+        low, high: the box (the same interval in every dimension).
+        dim: spatial dimension.
+        seed: seed of the generator; ``reseed(k)`` restarts the stream at a known point (an epoch, a rank).
+        dtype: dtype of the points.
+    """
+
+    def __init__(self, n: int = 2048, low: float = -1.0, high: float = 1.0, dim: int = 1, seed: int = 0,
+                 dtype: torch.dtype = torch.float32) -> None:
+        if n <= 0 or dim <= 0:
+            raise ConfigError(f"the collocation sampler needs n > 0 points and dim > 0, got n={n}, dim={dim}")
+        if not (math.isfinite(low) and math.isfinite(high)) or high <= low:
+            raise ConfigError(f"the collocation domain needs finite low < high, got [{low}, {high}]")
+        self.n, self.low, self.high, self.dim, self.seed, self.dtype = n, low, high, dim, seed, dtype
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def reseed(self, stream: int) -> None:
+        """Restart at the ``stream``-th independent stream of this seed (for example the epoch)."""
+        self.generator.manual_seed(self.seed * 1_000_003 + stream)
+
+    def __call__(self) -> Tensor:
+        u = torch.rand(self.n, self.dim, generator=self.generator, dtype=torch.float64)
+        return (self.low + (self.high - self.low) * u).to(self.dtype)
+
+
+def uniform_grid(n: int, low: float = -1.0, high: float = 1.0, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``n`` equispaced points from ``low`` to ``high`` (both included), shape ``(n, 1)``."""
+    if n < 2:
+        raise ConfigError(f"an evaluation grid needs at least 2 points, got {n}")
+    return torch.linspace(low, high, n, dtype=torch.float64).to(dtype)[:, None]
 
 
 class _SetEpoch:

@@ -21,7 +21,6 @@ partitioning, channel-normalised), which fail offline with one line naming the e
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Literal
 
@@ -39,11 +38,6 @@ EMBEDDED_DEFAULT = "configs/craft/digits_craft.yaml (scikit-learn digits, 20 cli
 HUB = {"cifar10": ("uoft-cs/cifar10", "label", 10), "cifar100": ("uoft-cs/cifar100", "fine_label", 100)}
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
-
-
-def global_seed() -> int:
-    """The run's ``seed_everything`` (Lightning exports it to every process), else 0."""
-    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 class FederationLoader:
@@ -121,7 +115,7 @@ class FederatedDataModule(PaperlabDataModule):
         self.min_size = min_size
         self.test_fraction = test_fraction
         self.val_fraction = val_fraction
-        self.partition_seed = global_seed() if partition_seed is None else partition_seed
+        self.fixed_partition_seed = partition_seed
         self.rounds_per_epoch = rounds_per_epoch
         self.eval_batch_size = eval_batch_size
         self.image_shape = image_shape
@@ -130,6 +124,11 @@ class FederatedDataModule(PaperlabDataModule):
         self.client_sizes: Tensor | None = None
 
     # --- data ---------------------------------------------------------------------------------------------
+
+    @property
+    def partition_seed(self) -> int:
+        """The seed of the partition and the local splits: ``partition_seed``, else the run's seed."""
+        return self.seed_or_run(self.fixed_partition_seed)
     def load_source(self) -> tuple[Tensor, Tensor]:
         """All samples of the source: ``(x (N, ...), y (N,))``."""
         if self.source == "digits":

@@ -539,7 +539,7 @@ class HyperINRTask(PaperTask):
         return self.net(images)
 
     def rollout_psnr(self, batch: Any) -> Tensor:
-        """``callbacks.protocols.RolloutPSNR``: per-image PSNR ``(B, K + 1)`` of the weights before any step
+        """``modules.protocols.HasRolloutPSNR``: per-image PSNR ``(B, K + 1)`` of the weights before any step
         (column 0; NaN for a single-pass net, which has none) and after each rollout step k = 1..K."""
         images = batch[0] if isinstance(batch, list | tuple) else batch
         with torch.no_grad():
@@ -551,7 +551,7 @@ class HyperINRTask(PaperTask):
             return torch.stack([torch.full_like(values[0], float("nan")), *values], 1)
 
     def param_scaling(self, widths: Sequence[int]) -> dict[str, list[int]]:
-        """``callbacks.protocols.ParameterScaling``: trainable counts of the three hypernetworks when the INR's
+        """``modules.protocols.ProvidesParameterScaling``: trainable counts of the three hypernetworks when the INR's
         hidden widths are all W, for each W, with this net's other INR settings, d_model (and depth, for a
         Trans-INR net); the others at their defaults; MLPOptStepBaseline counted without building it."""
         net = self.net

@@ -135,10 +135,18 @@ class PaperTask(LightningModule):
     #: steps whose metric inputs are kept (detached) before each metric gets them in one update: a
     #: torchmetrics update costs about 0.1 ms on CPU, a tenth of a small model's step (1: every step)
     metric_flush_every: ClassVar[int] = 32
+    #: the run's seed: ``seed_everything`` of the command, set by the CLI right after the task is built (0 for
+    #: a task built in Python, unless set). Read it in ``setup``/``configure_model`` or later, never in
+    #: ``__init__``; a ``seed: int | None = None`` argument means "the run seed" when None (``seed_or_run``).
+    run_seed: int = 0
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         """``class Foo(PaperTask, abstract=True)`` marks an intermediate base that declares no paper."""
         super().__init_subclass__(**kwargs)
+        for hook, instead in (("on_save_checkpoint", "extra_state"), ("on_load_checkpoint", "load_extra_state")):
+            if hook in vars(cls):
+                raise TypeError(f"{cls.__qualname__} overrides {hook}: implement {instead}() instead (PaperTask "
+                                "keeps the training metrics' state in checkpoints and calls it)")
         if abstract:
             return
         missing = [a for a in REQUIRED_ATTRIBUTES if not hasattr(cls, a)]
@@ -341,7 +349,28 @@ class PaperTask(LightningModule):
         if self._pending_steps["train"] or self._updated["train"]:
             self.log_epoch("train")  # an epoch cut short (max_steps) or of unknown length
 
-    # A checkpoint written within an epoch resumes in it: the training epoch's metric states go with it.
+    def seed_or_run(self, seed: int | None) -> int:
+        """``seed`` when given, else the run's seed."""
+        return self.run_seed if seed is None else int(seed)
+
+    def attached_trainer(self) -> Any | None:
+        """The Trainer this task is attached to, or None (``self.trainer`` raises when there is none)."""
+        try:
+            return self.trainer
+        except RuntimeError:
+            return None
+
+    # --- state in checkpoints: what a subclass writes ---------------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        """State beyond parameters and buffers that a resume needs (a simulator, a stage counter): saved in
+        every checkpoint. Subclasses override this and ``load_extra_state``, never the Lightning hooks."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``extra_state`` returned (a checkpoint without it passes ``{}``)."""
+
+    # A checkpoint written within an epoch resumes in it: the training epoch's metric states go with it, and
+    # the subclass's own state beside them. Final here (``__init_subclass__`` refuses overrides).
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.flush_metrics("train")
         metrics = {"": self.stage_loss["train_"], **self.stage_metrics["train_"]}
@@ -349,17 +378,18 @@ class PaperTask(LightningModule):
             "updated": sorted(self._updated["train"]),
             "states": {name: {k: _detach(v) for k, v in m.metric_state.items()} for name, m in metrics.items()},
         }
+        checkpoint["paperlab_task_state"] = self.extra_state()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("paperlab_train_metrics")
-        if not saved:
-            return
-        metrics = {"": self.stage_loss["train_"], **self.stage_metrics["train_"]}
-        for name, states in saved["states"].items():
-            if name in metrics:
-                for key, value in states.items():
-                    setattr(metrics[name], key, value)
-        self._updated["train"] = set(saved["updated"])
+        if saved:
+            metrics = {"": self.stage_loss["train_"], **self.stage_metrics["train_"]}
+            for name, states in saved["states"].items():
+                if name in metrics:
+                    for key, value in states.items():
+                        setattr(metrics[name], key, value)
+            self._updated["train"] = set(saved["updated"])
+        self.load_extra_state(checkpoint.get("paperlab_task_state") or {})
 
     def on_validation_epoch_end(self) -> None:
         self.log_epoch("val")
@@ -370,10 +400,8 @@ class PaperTask(LightningModule):
     # --- optimisation ---------------------------------------------------------------------------------------
     def optimizer_parameters(self) -> Any:
         """The parameters the optimizer gets: the strategy's wrapped model's when there is one (FSDP)."""
-        try:
-            model = self.trainer.model
-        except RuntimeError:  # not attached to a Trainer
-            model = None
+        trainer = self.attached_trainer()
+        model = trainer.model if trainer is not None else None
         return (model or self).parameters()
 
     def configure_optimizers(self) -> Any:

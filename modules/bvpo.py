@@ -42,8 +42,7 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
-from callbacks.grad_variance import GradientVarianceEstimator
-from datamodules.arith_traces import (
+from datamodules.arith_vocab import (
     END_THINK,
     N_DIGITS,
     N_TRACES,
@@ -57,6 +56,7 @@ from datamodules.arith_traces import (
 )
 from errors import ConfigError
 from modules.base import PaperTask, Stage, StepOutput, WeightedMean
+from modules.components.grad_variance import GradientVarianceEstimator
 from modules.components.metrics import Accuracy
 from modules.components.tiny_gpt import TinyGPT
 
@@ -227,7 +227,7 @@ class BVPOModule(PaperTask):
         self.sft_steps, self.dpo_lr, self.beta, self.alpha_setting = sft_steps, dpo_lr, beta, alpha
         self.probe_every, self.probe_prompts, self.trace_resamples = probe_every, probe_prompts, trace_resamples
         self.alpha_ema = alpha_ema
-        self.seed = (torch.initial_seed() if seed is None else seed) % (1 << 62)
+        self.fixed_seed = seed
         self.gpt = TinyGPT(block_size=SEQ_LEN, vocab_size=VOCAB_SIZE, n_layer=n_layer, n_head=n_head,
                            n_embd=n_embd, activation="gelu", mlp_ratio=4, dropout=dropout, bias=False,
                            tie_weights=True)
@@ -242,6 +242,11 @@ class BVPOModule(PaperTask):
         self.probe_log: list[dict[str, float]] = []  # every probe's statistics
         self._draw_grads = GradientVarianceEstimator("auto")  # per-draw gradients for the probe
 
+
+    @property
+    def seed(self) -> int:
+        """The seed of the trace draws: ``seed``, else the run's seed."""
+        return self.seed_or_run(self.fixed_seed) % (1 << 62)
     def _load_policy(self, path: str) -> None:
         if not Path(path).is_file():
             raise ConfigError(f"init_ckpt {path!r} does not exist; run the SFT stage first (see bvpo.md)")
@@ -420,7 +425,7 @@ class BVPOModule(PaperTask):
             m_t = flat(self.expected_trace_loss(sub).mean())
             g_t = self._draw_grads.per_sample_grads(self, per_draw, self.trace_draws(sub, k_draws))
         out = bias_variance(g_t, m_t, g_e, g_star, self.alpha)
-        trainer = self._trainer
+        trainer = self.attached_trainer()
         if trainer is not None and trainer.world_size > 1:  # one alpha for all ranks
             out["alpha_star"] = trainer.strategy.reduce(out["alpha_star"].to(self.device), reduce_op="mean")
         return {k: float(v) for k, v in out.items()}
@@ -456,7 +461,7 @@ class BVPOModule(PaperTask):
     def _emit(self, values: dict[str, float]) -> None:
         """To every logger at this step (rank 0) and into ``callback_metrics``, like a ``Diagnostic``
         (``self.log`` would wait for ``log_every_n_steps`` and drop a probe that falls between)."""
-        trainer = self._trainer
+        trainer = self.attached_trainer()
         if trainer is None:
             return
         if trainer.is_global_zero:

@@ -529,7 +529,7 @@ class CompressionLadder(_SignalTask):
     # --- the error analysis ---------------------------------------------------------------------------------
     @torch.no_grad()
     def error_ladder(self, batch: Any) -> dict[str, Any]:
-        """The ladder's true errors, bounds and predictions on ``batch`` (the ``ErrorLadder`` protocol).
+        """The ladder's true errors, bounds and predictions on ``batch`` (the ``ProvidesErrorLadder`` protocol).
 
         Returns ``{"levels", "true" (S, n), "calib" (S,), "d" (S, n - 1), "bound", "pred_self", "pred_calib"
         (S, n - 1), "rho_calib", "summary" {metric: value}, "per_level" [{"true", "bound", "pred"}],

@@ -110,7 +110,7 @@ class _FracSSMTask(PaperTask, abstract=True):
         raise NotImplementedError
 
     def memory_kernels(self, batch: Any) -> list[Tensor]:
-        """``callbacks.protocols.MemoryKernels``: per layer, the log of every channel's realised memory kernel
+        """``modules.protocols.MemoryKernels``: per layer, the log of every channel's realised memory kernel
         ``(C, L - 1)`` at lags ``1 .. L - 1`` under the ``Delta`` the layer computes on the batch (an impulse
         at the first position; ``SelectiveSSMBlock.log_memory_kernel``)."""
         was = self.training

@@ -312,7 +312,7 @@ class CauchyPINN(_FieldTask):
         super().on_test_epoch_end()
         points, self._test_points = self._test_points, []
         if points and self.trainer.is_global_zero and self.trainer.loggers:
-            from callbacks.figures import log_figure
+            from tracking.figures import log_figure
 
             x, u, u_star = (torch.cat(p) for p in zip(*points))
             log_figure(self.trainer, solution_figure(x, u, u_star, self.problem.name), "figures/solution.png")

@@ -158,7 +158,7 @@ def main(argv: list[str]) -> int:
 
 
 def _guard(fn, argv: list[str], bad_input: int) -> int:
-    from callbacks.tracking import TrackingServerUnreachable
+    from tracking.uri import TrackingServerUnreachable
 
     try:
         return fn(argv)
@@ -170,10 +170,10 @@ def _guard(fn, argv: list[str], bad_input: int) -> int:
 
 
 def _plan(args: argparse.Namespace):
-    from callbacks.tracking import default_tracking_uri
     from sweeps.launchers import trainer_args
     from sweeps.runner import SweepPlan
     from sweeps.spec import canonicalize, checkpoint_root, expand, experiment_of, load_sweep, validate
+    from tracking.uri import default_tracking_uri
 
     spec = load_sweep(args.config)
     resolved = canonicalize(spec)  # model.lr -> model.init_args.lr, before the points are named
@@ -191,7 +191,6 @@ def _plan(args: argparse.Namespace):
 
 
 def sweep_main(argv: list[str]) -> int:
-    from callbacks.tracking import check_tracking_server
     from sweeps import launchers
     from sweeps.runner import (
         InProcess,
@@ -202,6 +201,7 @@ def sweep_main(argv: list[str]) -> int:
         ensure_parent,
         find_parent,
     )
+    from tracking.uri import check_tracking_server
 
     args = sweep_parser().parse_args(argv)
     if args.workers < 1:
@@ -337,9 +337,9 @@ def _write_slurm(args: argparse.Namespace, plan) -> Path:
 
 
 def compare_main(argv: list[str]) -> int:
-    from callbacks.tracking import check_tracking_server, default_tracking_uri
     from sweeps.compare import compare, slug, table, write_outputs
     from sweeps.runner import client_for
+    from tracking.uri import check_tracking_server, default_tracking_uri
 
     args = compare_parser().parse_args(argv)
     uri = default_tracking_uri()

@@ -720,7 +720,7 @@ def write_outputs(
     client: Any, result: Comparison, out_dir: Path, log_to_parent: bool = True
 ) -> dict[str, Path]:
     """Write ``<stem>.png``, ``<stem>.csv`` (the table), ``<stem>_runs.csv``; log them to the parent run."""
-    from callbacks.figures import figure_png
+    from tracking.figures import figure_png
 
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = slug(result.metric.replace("*", "all")) + ("_per_" + slug(result.divide_by) if result.divide_by else "")

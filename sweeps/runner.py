@@ -217,7 +217,7 @@ def point_state(runs: list[Any], want_test: bool) -> tuple[str, Any | None]:
 
 
 class InProcess:
-    """Runs ``main.cli_main`` in this process: no interpreter start-up (tests, quick looks); one worker.
+    """Runs ``cli_messages.run_training`` in this process: no interpreter start-up (tests, quick looks); one worker.
 
     What the CLI prints through ``sys.stdout``/``sys.stderr`` (its one-line errors) also goes to the log.
     """
@@ -225,7 +225,7 @@ class InProcess:
     def __call__(self, args: list[str], log_file: Path | None) -> int:
         import contextlib
 
-        from main import cli_main
+        from cli_messages import run_training
 
         with contextlib.ExitStack() as stack:
             if log_file is not None:
@@ -234,7 +234,7 @@ class InProcess:
                 stack.enter_context(contextlib.redirect_stdout(_Tee(sys.stdout, log)))
                 stack.enter_context(contextlib.redirect_stderr(_Tee(sys.stderr, log)))
             try:
-                return cli_main(args)
+                return run_training(args)
             except KeyboardInterrupt:
                 raise
             except BaseException:  # a point's crash must not end the sweep
@@ -425,7 +425,7 @@ class SweepRunner:
         return Outcome(point, "FINISHED", run_id, time.time() - t0, self._headline(run_id))
 
     def _child_run_id(self, point: Point, since: float) -> str | None:
-        from callbacks.run_registry import read_run_record
+        from tracking.run_registry import read_run_record
 
         record = read_run_record(self.plan.ckpt_dir(point))
         if record and record.get("run_id"):

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from cli_messages import config_keys
 from errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -314,24 +315,13 @@ def expand(spec: SweepSpec) -> list[Point]:
 # Validation against the base config (needs the CLI, imported lazily so that parsing stays cheap).
 
 
-def config_keys(config: dict[str, Any], prefix: str = "") -> set[str]:
-    """Every dotted key of a resolved config: leaves and the sections above them."""
-    keys: set[str] = set()
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        keys.add(name)
-        if isinstance(value, dict):
-            keys |= config_keys(value, f"{name}.")
-    return keys
-
-
 def print_config(base: Path, extra: list[str] | None = None) -> dict[str, Any]:
     """The resolved config of ``fit --config base <extra>``, parsed in process (nothing is instantiated)."""
-    from main import cli_main
+    from cli_messages import run_training
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli_main(["fit", "--config", str(base), *(extra or []), "--print_config"])
+        rc = run_training(["fit", "--config", str(base), *(extra or []), "--print_config"])
     if rc != 0:
         message = err.getvalue().strip().splitlines()
         raise SweepError(message[0].removeprefix("error: ") if message else f"the CLI refused {extra}")
@@ -429,7 +419,7 @@ def experiment_of(resolved: dict[str, Any], overrides: dict[str, Any]) -> str:
         return str(explicit)
     import importlib
 
-    from callbacks.config_artifact import method_name
+    from tracking.config_artifact import method_name
 
     class_path = overrides.get("model.class_path") or (resolved.get("model") or {}).get("class_path", "")
     module_name, _, cls_name = str(class_path).rpartition(".")

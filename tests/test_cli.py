@@ -80,7 +80,7 @@ def test_mlflow_run_contents(paperlab_tmp: Path) -> None:
 
 
 def test_long_param_values_are_not_cut_silently(paperlab_tmp: Path) -> None:
-    from callbacks.mlflow_logger import PaperlabMLFlowLogger
+    from tracking.mlflow_logger import PaperlabMLFlowLogger
 
     logger = PaperlabMLFlowLogger(experiment_name="params", run_name="long")
     value = "y" * 1000

@@ -186,7 +186,7 @@ class CausalPiecesSNN(PaperTask):
         return self.all_spike_times(x)[-1]
 
     def spike_times(self, batch: Any) -> list[tuple[Tensor, Tensor]]:
-        """``callbacks.protocols.SpikeTimes``: ``[(t_pre, t_post)]`` per layer, for inputs ``batch[0]``."""
+        """``modules.protocols.SpikeTimes``: ``[(t_pre, t_post)]`` per layer, for inputs ``batch[0]``."""
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         with torch.no_grad():
             times = self.all_spike_times(x)

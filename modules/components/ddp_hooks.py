@@ -125,7 +125,7 @@ class MSyncDDPStrategy(_HookedDDPStrategy):
         return super().training_step(*args, **kwargs)
 
     def sim_clock(self) -> dict[str, float]:
-        """``callbacks.protocols.SimulatedClockSource``: simulated seconds of the m-Sync rounds so far."""
+        """``modules.protocols.SimulatedClockSource``: simulated seconds of the m-Sync rounds so far."""
         return {"seconds": self.hook_state.clock if self.hook_state is not None else 0.0}
 
 
@@ -250,7 +250,7 @@ class CompressedDDPStrategy(_HookedDDPStrategy):
         return super().training_step(*args, **kwargs)
 
     def sim_clock(self) -> dict[str, float]:
-        """``callbacks.protocols.SimulatedClockSource``: simulated seconds and coordinates per link and direction."""
+        """``modules.protocols.SimulatedClockSource``: simulated seconds and coordinates per link and direction."""
         s = self.hook_state
         if s is None:
             return {"seconds": 0.0, "coords_up": 0.0, "coords_down": 0.0}

@@ -1,6 +1,6 @@
-"""Physics-informed building blocks: collocation sampling, autograd derivatives, residual losses, PDE problems.
+"""Physics-informed building blocks: autograd derivatives, residual losses, PDE problems (collocation points are
+data: ``datamodules.collocation``).
 
-- ``CollocationSampler``: fresh uniform points in a box every call (seeded, so a run is reproducible);
 - ``grad``, ``derivative``, ``divergence``: derivatives of network outputs with respect to their inputs by
   autograd, with the graph kept (``create_graph=True``) so a loss built on them trains the network;
 - ``residual_loss(r, kind, scale)``: the robust penalties of a residual ``r``
@@ -36,43 +36,6 @@ from errors import ConfigError
 LossKind = Literal["l2", "l1", "huber", "cauchy"]
 LOSS_KINDS: tuple[str, ...] = ("l2", "l1", "huber", "cauchy")
 PDE_NAMES: tuple[str, ...] = ("allen_cahn", "poisson", "burgers")
-
-
-# --- sampling -----------------------------------------------------------------------------------------------
-class CollocationSampler:
-    """Fresh i.i.d. uniform points in the box ``[low, high]^dim`` at every call.
-
-    Args:
-        n: points per call.
-        low, high: the box (the same interval in every dimension).
-        dim: spatial dimension.
-        seed: seed of the generator; ``reseed(k)`` restarts the stream at a known point (an epoch, a rank).
-        dtype: dtype of the points.
-    """
-
-    def __init__(self, n: int = 2048, low: float = -1.0, high: float = 1.0, dim: int = 1, seed: int = 0,
-                 dtype: torch.dtype = torch.float32) -> None:
-        if n <= 0 or dim <= 0:
-            raise ConfigError(f"the collocation sampler needs n > 0 points and dim > 0, got n={n}, dim={dim}")
-        if not (math.isfinite(low) and math.isfinite(high)) or high <= low:
-            raise ConfigError(f"the collocation domain needs finite low < high, got [{low}, {high}]")
-        self.n, self.low, self.high, self.dim, self.seed, self.dtype = n, low, high, dim, seed, dtype
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def reseed(self, stream: int) -> None:
-        """Restart at the ``stream``-th independent stream of this seed (for example the epoch)."""
-        self.generator.manual_seed(self.seed * 1_000_003 + stream)
-
-    def __call__(self) -> Tensor:
-        u = torch.rand(self.n, self.dim, generator=self.generator, dtype=torch.float64)
-        return (self.low + (self.high - self.low) * u).to(self.dtype)
-
-
-def uniform_grid(n: int, low: float = -1.0, high: float = 1.0, dtype: torch.dtype = torch.float32) -> Tensor:
-    """``n`` equispaced points from ``low`` to ``high`` (both included), shape ``(n, 1)``."""
-    if n < 2:
-        raise ConfigError(f"an evaluation grid needs at least 2 points, got {n}")
-    return torch.linspace(low, high, n, dtype=torch.float64).to(dtype)[:, None]
 
 
 # --- derivatives --------------------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ class SimulatedServerTask(PaperTask, abstract=True):
         return out
 
     def sim_clock(self) -> dict[str, float]:
-        """``callbacks.protocols.SimulatedClockSource``: the simulated seconds and the target's quantities."""
+        """``modules.protocols.SimulatedClockSource``: the simulated seconds and the target's quantities."""
         if self.server is None:
             return {"seconds": 0.0, "target": self.epsilon}
         out = {"seconds": float(self.server.clock), "updates": float(self.server.stats.updates),
@@ -162,12 +162,12 @@ class SimulatedServerTask(PaperTask, abstract=True):
         return {f"train/{k}": torch.tensor(v) for k, v in out.items()}
 
     # --- checkpoints keep the simulator ---------------------------------------------------------------------
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["simulator"] = {"server": self.server.state_dict(), "noise": self.noise_gen.get_state(),
-                                   "diverged": self.diverged}
+    def extra_state(self) -> dict[str, Any]:
+        return {"simulator": {"server": self.server.state_dict(), "noise": self.noise_gen.get_state(),
+                              "diverged": self.diverged}}
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get("simulator")
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        state = state.get("simulator")
         if state is None:
             return
         if self.server is None:  # test --ckpt_path: the problem (and a server built from it) comes at setup

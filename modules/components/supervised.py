@@ -56,7 +56,7 @@ class SupervisedTask(PaperTask, abstract=True):
         return self.net(x)
 
     def diagnostic_forward(self, batch: Any) -> Tensor:
-        """The forward pass on a batch's inputs (``callbacks.protocols.DiagnosticForward``)."""
+        """The forward pass on a batch's inputs (``modules.protocols.DiagnosticForward``)."""
         return self(batch[0])
 
     def loss_fn(self, logits: Tensor, y: Tensor, reduction: Literal["mean", "none"] = "mean") -> Tensor:
@@ -67,7 +67,7 @@ class SupervisedTask(PaperTask, abstract=True):
         return per_row.mean() if reduction == "mean" else per_row
 
     def per_sample_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        """``callbacks.protocols.PerSampleLoss``: each sample's loss (its tokens' mean), ``(B,)``."""
+        """``modules.protocols.PerSampleLoss``: each sample's loss (its tokens' mean), ``(B,)``."""
         x, y = batch
         logits = self(x)
         rows = self.loss_fn(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import os
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -38,12 +37,12 @@ from torch.nn.utils import parameters_to_vector
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from callbacks.protocols import ClientRound
 from errors import ConfigError
 from modules.base import PaperTask, Stage, StepOutput
 from modules.components.metrics import Accuracy
 from modules.components.mlp import MLP
 from modules.craft.aggregation import craft_aggregate, fedavg_direction, layer_groups
+from modules.protocols import ClientRound
 
 Aggregator = Literal["craft", "craft_global", "craft_noref", "fedavg", "fedavgm", "fedprox"]
 NetFactory = Callable[[tuple[int, ...], int], nn.Module]
@@ -161,7 +160,7 @@ class FederatedClassifier(PaperTask):
         self.local_epochs = local_epochs
         self.client_batch_size = client_batch_size
         self.client_lr_decay = client_lr_decay
-        self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else seed
+        self.fixed_seed = seed
         self.net = net(tuple(input_shape), num_classes)
         self.shapes = {n: tuple(p.shape) for n, p in self.net.named_parameters()}
         names = list(self.shapes)
@@ -199,7 +198,7 @@ class FederatedClassifier(PaperTask):
             raise ConfigError(f"clients_per_round={m} exceeds the {n_clients} clients of the data; lower it")
         if m == n_clients:
             return torch.arange(n_clients)
-        gen = torch.Generator().manual_seed(round_seed(self.seed, rnd))
+        gen = torch.Generator().manual_seed(round_seed(self.seed_or_run(self.fixed_seed), rnd))
         return torch.randperm(n_clients, generator=gen)[:m].sort().values
 
     def worker(self) -> nn.Module:
@@ -221,7 +220,7 @@ class FederatedClassifier(PaperTask):
         opt = self.optimizer_factory(params)
         for group in opt.param_groups:
             group["lr"] = group["lr"] * self.client_lr_decay**rnd
-        gen = torch.Generator().manual_seed(round_seed(self.seed, rnd, client))
+        gen = torch.Generator().manual_seed(round_seed(self.seed_or_run(self.fixed_seed), rnd, client))
         total = torch.zeros((), dtype=torch.float64, device=theta.device)
         count = 0
         for _ in range(self.local_epochs):
@@ -302,7 +301,7 @@ class FederatedClassifier(PaperTask):
         return group[0].rpartition(".")[0] or group[0]
 
     def client_round(self, batch: Any = None) -> ClientRound | None:
-        """``callbacks.protocols.ClientUpdates``: the last round's updates and aggregate."""
+        """``modules.protocols.ClientUpdates``: the last round's updates and aggregate."""
         return self._round
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -10,10 +10,10 @@ import torch
 
 from callbacks.client_conflict import ClientConflict, conflict_share, cosines
 from callbacks.diagnostic import Moment
-from callbacks.protocols import ClientRound, ClientUpdates
 from datamodules.federated import FederatedDataModule
 from modules.components.mlp import MLP
 from modules.craft import FederatedClassifier
+from modules.protocols import ClientRound, ClientUpdates
 
 
 class Stub:

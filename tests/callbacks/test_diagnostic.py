@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
-from callbacks.protocols import PerSampleLoss
 from errors import ConfigError
+from modules.protocols import PerSampleLoss
 from tests.helpers import REPO
 
 

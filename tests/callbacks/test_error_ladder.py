@@ -1,4 +1,4 @@
-"""ErrorLadderCallback: per-level metrics after every level, the table and figure, unsupported modules."""
+"""ErrorLadder: per-level metrics after every level, the table and figure, unsupported modules."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import pytest
 import torch
 from lightning.pytorch.loggers import Logger
 
-from callbacks.error_ladder import ErrorLadderCallback
+from callbacks.error_ladder import ErrorLadder
 from datamodules.signals import SignalLadderDataModule
 from errors import ConfigError
 from modules.compression_error import CompressionLadder
 from modules.mlp_classifier import MLPClassifier
+from tracking.tables import table_csv
 
 
 class ListLogger(Logger):
@@ -40,7 +41,7 @@ def test_logs_each_level_and_builds_table_and_figure():
     dm = SignalLadderDataModule(kind="procedural", size=16, n_test=2, n_calib=2, steps_per_epoch=30, seed=0)
     model = CompressionLadder(family="grid", levels=[3, 5, 9], input_shape=(4, 16, 16, 1),
                               optimizer=lambda p: torch.optim.Adam(p, lr=0.05))
-    cb = ErrorLadderCallback()
+    cb = ErrorLadder()
     logger = ListLogger()
     trainer = L.Trainer(max_epochs=3, logger=logger, callbacks=[cb], enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
@@ -56,7 +57,7 @@ def test_logs_each_level_and_builds_table_and_figure():
     fit = model.fits()[-1]
     ref = (fit - sig).pow(2).flatten(1).mean(1).sqrt()[~calib].mean()
     assert diag[2]["diag/error_ladder/true_2"] == pytest.approx(float(ref), rel=1e-5)
-    rows = cb.table_csv().strip().splitlines()
+    rows = table_csv(cb.table()).strip().splitlines()
     assert rows[0].startswith("signal,role,level") and len(rows) == 1 + 4 * 3
     assert rows[-1].split(",")[1:3] == ["test", "9"]
     fig = cb.figure()
@@ -67,7 +68,7 @@ def test_logs_each_level_and_builds_table_and_figure():
 
 
 def test_unsupported_module_fails_with_the_method_to_implement():
-    cb = ErrorLadderCallback()
+    cb = ErrorLadder()
     model = MLPClassifier(input_shape=(4,), num_classes=3)
     with pytest.raises(ConfigError, match=r"error_ladder\(batch\)"):
         cb.setup(L.Trainer(logger=False), model, "fit")

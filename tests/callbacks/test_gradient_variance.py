@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from callbacks.diagnostic import Schedule
-from callbacks.grad_variance import GradientVarianceEstimator, GradStats, finalize, per_sample_gradients
 from callbacks.gradient_variance import GradientVariance, estimate_gradient_variance
 from datamodules.base import BatchedTensorLoader
+from modules.components.grad_variance import GradientVarianceEstimator, GradStats, finalize, per_sample_gradients
 from modules.components.tiny_gpt import TinyGPT
 from tests.helpers import CleanDistributedExit
 
@@ -141,7 +141,7 @@ def test_auto_falls_back_to_the_loop_and_logs_it(caplog):
     torch.manual_seed(0)
     model = _ItemNet()
     batch = (torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,)))
-    with caplog.at_level(logging.INFO, logger="callbacks.grad_variance"):
+    with caplog.at_level(logging.INFO, logger="modules.components.grad_variance"):
         est = GradientVarianceEstimator("auto")
         out = est(model, cls_loss, batch)
     assert est.chosen == "loop"

@@ -12,13 +12,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from callbacks.figures import log_figure  # noqa: E402
-from callbacks.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, flatten_params  # noqa: E402
-from callbacks.system_metrics import SystemMetrics  # noqa: E402
 from datamodules.hub import HubDataUnavailable, load_hub_dataset  # noqa: E402
 from datamodules.yinyang import YinYangDataModule  # noqa: E402
 from modules.mlp_classifier import MLPClassifier  # noqa: E402
 from tests.helpers import client  # noqa: E402
+from tracking.figures import log_figure  # noqa: E402
+from tracking.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, flatten_params  # noqa: E402
+from tracking.system_metrics import SystemMetrics  # noqa: E402
 
 
 class _SlowEpochs(L.Callback):

@@ -1,4 +1,4 @@
-"""RolloutPSNR and ParamScaling (paper 004-01) on a tiny hypernetwork fit."""
+"""RolloutPSNR and ParameterScaling (paper 004-01) on a tiny hypernetwork fit."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from callbacks.diagnostic import Schedule
-from callbacks.param_scaling import ParamScaling, scaling_table
+from callbacks.param_scaling import ParameterScaling, scaling_table
 from callbacks.rollout_psnr import RolloutPSNR, rollout_summary
 from datamodules.signals import ImageSetDataModule
 from errors import ConfigError
@@ -55,7 +55,7 @@ def test_rollout_psnr_logs_every_step_on_the_fixed_validation_batch() -> None:
 
 
 def test_param_scaling_counts_once() -> None:
-    cb = ParamScaling(widths=[16, 32, 64])
+    cb = ParameterScaling(widths=[16, 32, 64])
     trainer, task = _fit([cb], steps=1, widths=(8, 8))
     counts = cb.counts
     assert counts["AttnOptHyperINR"][0] == counts["AttnOptHyperINR"][-1]
@@ -72,7 +72,7 @@ def test_param_scaling_counts_once() -> None:
 
 def test_bad_arguments_and_unsupported_modules() -> None:
     with pytest.raises(ConfigError, match="increasing"):
-        ParamScaling(widths=[32, 16])
+        ParameterScaling(widths=[32, 16])
     with pytest.raises(ConfigError, match="max_images"):
         RolloutPSNR(max_images=0)
     cb = RolloutPSNR()

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datamodules.collocation import CollocationDataModule, FreshPointsLoader
+from datamodules.collocation import CollocationDataModule, CollocationSampler, FreshPointsLoader
 from errors import ConfigError
-from modules.components.pde import CollocationSampler
 
 
 def test_every_training_step_gets_fresh_points_and_an_epoch_replays():

@@ -39,9 +39,10 @@ def test_val_fraction_zero_validates_on_the_local_test_sets() -> None:
     assert dm.splits["val"] is dm.splits["test"]
 
 
-def test_partition_seed_follows_seed_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PL_GLOBAL_SEED", "5")
-    assert FederatedDataModule().partition_seed == 5
+def test_partition_seed_follows_seed_everything() -> None:
+    dm = FederatedDataModule()
+    dm.run_seed = 5  # what the CLI sets from seed_everything
+    assert dm.partition_seed == 5
     assert FederatedDataModule(partition_seed=2).partition_seed == 2
 
 

@@ -9,11 +9,11 @@ import sympy as sp
 import torch
 import torch.nn.functional as F
 
+from datamodules.collocation import CollocationSampler, uniform_grid
 from errors import ConfigError
 from modules.components.pde import (
     AllenCahn,
     Burgers,
-    CollocationSampler,
     MaxAbsError,
     Poisson,
     RelativeL2Error,
@@ -22,7 +22,6 @@ from modules.components.pde import (
     make_problem,
     residual_loss,
     residual_penalty,
-    uniform_grid,
 )
 
 X = sp.Symbol("x")

@@ -92,7 +92,8 @@ def test_structural_errors_name_the_fix(data: dict, needle: str) -> None:
 
 
 def test_every_shipped_sweep_file_parses_and_names_real_keys() -> None:
-    from sweeps.spec import canonicalize, config_keys
+    from cli_messages import config_keys
+    from sweeps.spec import canonicalize
 
     files = sorted(REPO.glob("configs/*/*sweep*.yaml"))
     assert any(p.name == "activation_sweep.yaml" for p in files)

@@ -17,9 +17,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from callbacks.figures import mlflow_logger
-from callbacks.mlflow_logger import PaperlabMLFlowLogger
 from errors import PaperlabError
+from tracking.figures import mlflow_logger
+from tracking.mlflow_logger import PaperlabMLFlowLogger
 
 RUN_FILE = "mlflow_run.json"
 

@@ -14,8 +14,8 @@ import lightning as L
 import yaml
 from lightning.pytorch.cli import SaveConfigCallback
 
-from callbacks.figures import log_artifact_bytes, mlflow_logger
-from callbacks.mlflow_logger import PaperlabMLFlowLogger
+from tracking.figures import log_artifact_bytes, mlflow_logger
+from tracking.mlflow_logger import PaperlabMLFlowLogger
 
 
 def git_state(repo: Path | None = None) -> dict[str, str]:

@@ -27,7 +27,7 @@ from typing import Any
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
-from callbacks.tracking import (  # noqa: F401 - re-exported: the logger's module is where users look
+from tracking.uri import (  # noqa: F401 - re-exported: the logger's module is where users look
     DEFAULT_TRACKING_URI,
     TrackingServerUnreachable,
     check_tracking_server,
@@ -94,6 +94,9 @@ class PaperlabMLFlowLogger(MLFlowLogger):
             run_id=run_id,
             log_model=False,
         )
+        # Lightning's logger keeps both in private attributes only; ours are read by the CLI's summary and sweeps
+        self._uri = uri
+        self._experiment = experiment_name
         self.flush_every_s = flush_every_s
         self._pending: list[Any] = []
         self._last_flush = time.monotonic()
@@ -106,11 +109,11 @@ class PaperlabMLFlowLogger(MLFlowLogger):
 
     @property
     def tracking_uri(self) -> str:
-        return self._tracking_uri
+        return self._uri
 
     @property
     def experiment_name(self) -> str:
-        return self._experiment_name
+        return self._experiment
 
     def existing_params(self) -> dict[str, str]:
         if self._existing_params is None:
@@ -199,13 +202,14 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         # Metrics up to a resumable checkpoint are on disk whenever the checkpoint is: a resume never leaves
         # a gap. A weights-only save (the best epoch) resumes nothing and does not pay for a flush.
         super().after_save_checkpoint(checkpoint_callback)
-        if self._initialized and not getattr(checkpoint_callback, "save_weights_only", False):
+        # (buffered metrics only: a flush with nothing pending would open the run just to write nothing)
+        if self._pending and not getattr(checkpoint_callback, "save_weights_only", False):
             self.flush()
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
         if status == "failed" and isinstance(sys.exc_info()[1], KeyboardInterrupt):
             status = "KILLED"  # Lightning finalizes while it handles the Ctrl-C
-        if self._initialized:
+        if self._pending:
             self.flush()
         retry_locked(super().finalize, status)

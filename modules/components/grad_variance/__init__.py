@@ -5,12 +5,12 @@
 embeddings and norms, and ``estimator`` the automatic choice between them.
 """
 
-from callbacks.grad_variance.estimator import (
+from modules.components.grad_variance.estimator import (
     GradientVarianceEstimator,
     estimate_gradient_variance,
     per_sample_gradients,
 )
-from callbacks.grad_variance.stats import GradStats, PerSampleGrads, estimates, finalize
+from modules.components.grad_variance.stats import GradStats, PerSampleGrads, estimates, finalize
 
 __all__ = [
     "GradStats",

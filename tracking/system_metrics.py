@@ -9,9 +9,9 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from callbacks.figures import mlflow_logger
-from callbacks.mlflow_logger import PaperlabMLFlowLogger
 from errors import ConfigError
+from tracking.figures import mlflow_logger
+from tracking.mlflow_logger import PaperlabMLFlowLogger
 
 
 class SystemMetrics(Callback):

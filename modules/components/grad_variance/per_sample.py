@@ -14,8 +14,8 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from callbacks.grad_variance.stats import GradStats, PerSampleGrads
 from errors import ConfigError
+from modules.components.grad_variance.stats import GradStats, PerSampleGrads
 
 PerSampleLoss = Callable[[nn.Module, Any], Tensor]
 

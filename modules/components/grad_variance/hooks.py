@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from callbacks.grad_variance.per_sample import PerSampleLoss, batch_size, check_losses, trainable
-from callbacks.grad_variance.stats import GradStats, PerSampleGrads
 from errors import ConfigError
+from modules.components.grad_variance.per_sample import PerSampleLoss, batch_size, check_losses, trainable
+from modules.components.grad_variance.stats import GradStats, PerSampleGrads
 
 SUPPORTED = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
 
@@ -59,7 +59,7 @@ def probe_batched(model: nn.Module, per_sample_loss: PerSampleLoss, batch: Any) 
     size both times; its output is broadcast against the rows of the batched call before it, k per
     sample, so the fast path expands it to k * n rows. Returns None for anything else.
     """
-    from callbacks.grad_variance.per_sample import slice_batch
+    from modules.components.grad_variance.per_sample import slice_batch
 
     mods = hook_modules(model) or []
     n = batch_size(batch)

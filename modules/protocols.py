@@ -55,7 +55,7 @@ class MemoryKernels(Protocol):
 
 
 @runtime_checkable
-class ErrorLadder(Protocol):
+class ProvidesErrorLadder(Protocol):
     """Compression ladders: true errors, bounds and predictions of every fitted level on a batch of signals.
 
     Returns ``{"levels", "true" (S, n), "calib" (S,), "d", "bound", "pred_self", "pred_calib" (S, n - 1),
@@ -107,7 +107,7 @@ class SimulatedClockSource(Protocol):
 
 
 @runtime_checkable
-class RolloutPSNR(Protocol):
+class HasRolloutPSNR(Protocol):
     """Iterative hypernetworks: per-signal PSNR ``(B, K)`` (or ``(B, K + 1)`` with the step-0 weights first)
     of the weights after each rollout step on a batch."""
 
@@ -115,7 +115,7 @@ class RolloutPSNR(Protocol):
 
 
 @runtime_checkable
-class ParameterScaling(Protocol):
+class ProvidesParameterScaling(Protocol):
     """Hypernetworks: ``{model name: [trainable parameters at each target width W]}`` for the given widths
     (counting only)."""
 

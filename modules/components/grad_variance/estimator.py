@@ -3,7 +3,7 @@
 ``method="auto"`` tries, in order: the hook fast path (every trainable parameter in a Linear /
 Embedding / LayerNorm / RMSNorm, checked once against the single-sample loop on two samples), then
 ``torch.func`` vmap (checked to run on two samples), then the loop over single-sample micro-batches.
-The choice is logged (logger ``callbacks.grad_variance``) and kept for later calls.
+The choice is logged (logger ``modules.components.grad_variance``) and kept for later calls.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from callbacks.grad_variance.hooks import Layout, hook_modules, hook_stats, probe_batched
-from callbacks.grad_variance.per_sample import (
+from errors import ConfigError
+from modules.components.grad_variance.hooks import Layout, hook_modules, hook_stats, probe_batched
+from modules.components.grad_variance.per_sample import (
     PerSampleLoss,
     batch_size,
     loop_grads,
@@ -25,10 +26,9 @@ from callbacks.grad_variance.per_sample import (
     trainable,
     vmap_stats,
 )
-from callbacks.grad_variance.stats import GradStats, PerSampleGrads, finalize
-from errors import ConfigError
+from modules.components.grad_variance.stats import GradStats, PerSampleGrads, finalize
 
-log = logging.getLogger("callbacks.grad_variance")
+log = logging.getLogger("modules.components.grad_variance")
 METHODS = ("auto", "hooks", "vmap", "loop")
 
 
@@ -176,7 +176,7 @@ def estimate_gradient_variance(
     ``trace`` = tr(Sigma), the unbiased sum over parameters of the variance of the per-sample gradients
     g_i = grad l_i; ``grad_norm_sq`` = |mean_i g_i|^2; ``grad_norm_sq_unbiased`` = that minus trace / B, an
     unbiased |G|^2; ``noise_scale`` = trace / grad_norm_sq_unbiased (B_simple); ``noise_scale_plugin`` =
-    trace / grad_norm_sq; ``groups`` has the same per module (see ``callbacks.grad_variance.stats``). Gradients are never written to ``.grad``. For repeated calls on one
+    trace / grad_norm_sq; ``groups`` has the same per module (see ``modules.components.grad_variance.stats``). Gradients are never written to ``.grad``. For repeated calls on one
     model keep a ``GradientVarianceEstimator`` so that the automatic choice is made once.
     """
     with torch.enable_grad():
