@@ -338,7 +338,8 @@ def _write_slurm(args: argparse.Namespace, plan) -> Path:
 
 def compare_main(argv: list[str]) -> int:
     from callbacks.tracking import check_tracking_server, default_tracking_uri
-    from sweeps.compare import compare, slug, table, write_outputs
+    from sweeps.compare import compare
+    from sweeps.output import slug, table, write_outputs
     from sweeps.runner import client_for
 
     args = compare_parser().parse_args(argv)
