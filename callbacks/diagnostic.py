@@ -188,6 +188,7 @@ class Diagnostic(Callback):
     def state_args(self) -> dict[str, Any]:
         """The arguments that identify this instance: every ``__init__`` argument stored under its own name."""
         params = inspect.signature(type(self).__init__).parameters
+        # an argument a subclass does not keep under its own name does not identify the instance
         return {k: getattr(self, k) for k in params if k != "self" and hasattr(self, k)}
 
     @property

@@ -15,7 +15,7 @@ shipped with scikit-learn); Fashion-MNIST and EuroSAT come from the Hugging Face
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -286,7 +286,7 @@ class SpikeEuroSATDataModule(_HubSpikeImages):
 
     def build_splits(self) -> dict[str, Split]:
         ds = self._hub()
-        splits = dict(ds) if hasattr(ds, "keys") else {"train": ds}
+        splits = dict(ds) if isinstance(ds, Mapping) else {"train": ds}  # a DatasetDict is a dict
         if {"train", "test"} <= set(splits):
             xtr, ytr = self._images(splits["train"])
             xte, yte = self._images(splits["test"])

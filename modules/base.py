@@ -109,6 +109,7 @@ def _plain(value: Any) -> Any:
         return type(value)(_plain(v) for v in value)
     if value is None or isinstance(value, str | int | float | bool):
         return value
+    # a function or class names itself; any other object (a functools.partial, an instance) by its type
     target = value if callable(value) and hasattr(value, "__qualname__") else type(value)
     return f"{target.__module__}.{target.__qualname__}"
 
@@ -149,6 +150,7 @@ class PaperTask(LightningModule):
                                 "keeps the training metrics' state in checkpoints and calls it)")
         if abstract:
             return
+        # declared class attributes (inherited ones count), not a capability probe
         missing = [a for a in REQUIRED_ATTRIBUTES if not hasattr(cls, a)]
         if missing:
             raise TypeError(

@@ -337,7 +337,8 @@ def _write_slurm(args: argparse.Namespace, plan) -> Path:
 
 
 def compare_main(argv: list[str]) -> int:
-    from sweeps.compare import compare, slug, table, write_outputs
+    from sweeps.compare import compare
+    from sweeps.output import slug, table, write_outputs
     from sweeps.runner import client_for
     from tracking.uri import check_tracking_server, default_tracking_uri
 

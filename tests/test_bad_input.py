@@ -25,8 +25,13 @@ SMALL = ["--trainer.max_epochs", "3", "--trainer.num_sanity_val_steps", "0",
         (["--model", "modules.nope.Nope"], "modules.nope.Nope"),
         (["--data.init_args.batch_size", "0"], "batch_size must be a positive integer"),
         (["--data.init_args.batch_size", "-4"], "batch_size must be a positive integer"),
+        (["--model", "torch.nn.Linear"], "--model torch.nn.Linear is not a PaperTask: --model takes a subclass of "
+                                         "modules.base.PaperTask"),
+        (["--data", "modules.base.PaperTask"], "is not a PaperlabDataModule: --data takes a subclass of "
+                                               "datamodules.base.PaperlabDataModule"),
     ],
-    ids=["unknown-key", "wrong-type", "bad-class-path", "zero-batch", "negative-batch"],
+    ids=["unknown-key", "wrong-type", "bad-class-path", "zero-batch", "negative-batch", "model-not-a-task",
+         "data-not-a-datamodule"],
 )
 def test_config_errors(args: list[str], needle: str, paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
     rc = cli_main(["fit", "--config", BASE, *args])

@@ -147,3 +147,39 @@ def test_kept_step_inputs_hold_no_graph():
     model._run_step((torch.randn(4, 4), torch.randint(0, 3, (4,))), "train")
     kept = [a for calls in model._pending["train"].values() for call in calls for a in call]
     assert kept and all(not getattr(a, "requires_grad", False) for a in kept)
+
+
+class _Counting(_Linear):
+    """A task with state beyond its parameters: the number of training steps it has taken."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps_taken = 0
+
+    def step(self, batch, stage):
+        self.steps_taken += stage == "train"
+        return super().step(batch, stage)
+
+    def extra_state(self) -> dict:
+        return {"steps_taken": self.steps_taken}
+
+    def load_extra_state(self, state: dict) -> None:
+        self.steps_taken = state.get("steps_taken", 0)
+
+
+def test_extra_state_travels_in_checkpoints_beside_the_training_metrics(tmp_path):
+    x, y = torch.randn(24, 4), torch.randint(0, 3, (24,))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    model = _Counting()
+    trainer = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(model, loader)
+    trainer.save_checkpoint(tmp_path / "mid.ckpt")
+    saved = torch.load(tmp_path / "mid.ckpt", weights_only=False)
+    assert saved["paperlab_task_state"] == {"steps_taken": 2}
+    assert "paperlab_train_metrics" in saved  # the base's state is kept as well
+    fresh = _Counting()
+    fresh.on_load_checkpoint(saved)
+    assert fresh.steps_taken == 2
+    fresh.on_load_checkpoint({})  # an older checkpoint without it: the task's own default
+    assert fresh.steps_taken == 0

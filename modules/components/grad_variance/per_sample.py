@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import optree
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from errors import ConfigError
 from modules.components.grad_variance.stats import GradStats, PerSampleGrads
@@ -22,7 +22,7 @@ PerSampleLoss = Callable[[nn.Module, Any], Tensor]
 
 def batch_size(batch: Any) -> int:
     """Leading dimension of the first tensor in ``batch`` (any nesting of tuples, lists, dicts)."""
-    for leaf in tree_flatten(batch)[0]:
+    for leaf in optree.tree_flatten(batch, none_is_leaf=True)[0]:
         if isinstance(leaf, Tensor) and leaf.dim() > 0:
             return int(leaf.shape[0])
     raise ConfigError("the batch holds no tensor with a batch dimension")
@@ -30,9 +30,9 @@ def batch_size(batch: Any) -> int:
 
 def slice_batch(batch: Any, index: slice, n: int) -> Any:
     """The samples ``index`` of every tensor whose leading dimension is the batch size ``n``."""
-    leaves, spec = tree_flatten(batch)
+    leaves, spec = optree.tree_flatten(batch, none_is_leaf=True)
     out = [x[index] if isinstance(x, Tensor) and x.dim() > 0 and x.shape[0] == n else x for x in leaves]
-    return tree_unflatten(out, spec)
+    return optree.tree_unflatten(spec, out)
 
 
 def check_losses(losses: Tensor, n: int) -> Tensor:
@@ -74,11 +74,11 @@ def vmap_stats(
     frozen = {"model." + k: p.detach() for k, p in model.named_parameters() if not p.requires_grad}
     buffers = {"model." + k: b for k, b in model.named_buffers()}
     adapter = _LossAdapter(model, per_sample_loss)
-    leaves, spec = tree_flatten(batch)
+    leaves, spec = optree.tree_flatten(batch, none_is_leaf=True)
     dims = [0 if isinstance(x, Tensor) and x.dim() > 0 and x.shape[0] == n else None for x in leaves]
 
     def loss_one(p: dict[str, Tensor], *one: Any) -> Tensor:
-        b = tree_unflatten([x.unsqueeze(0) if d == 0 else x for x, d in zip(one, dims)], spec)
+        b = optree.tree_unflatten(spec, [x.unsqueeze(0) if d == 0 else x for x, d in zip(one, dims)])
         out = functional_call(adapter, (p, frozen, buffers), (b,))
         return check_losses(out, 1)[0]
 
