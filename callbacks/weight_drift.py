@@ -33,6 +33,7 @@ import lightning as L
 from torch import Tensor, nn
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
+from callbacks.protocols import DiagnosticForward
 from errors import ConfigError
 from modules.components.activations import activation_bias
 
@@ -131,7 +132,7 @@ class InputSourceTracer:
 def forward_on(pl_module: L.LightningModule, batch: Any) -> Any:
     """The module's ``diagnostic_forward(batch)`` (``callbacks.protocols.DiagnosticForward``), else
     ``forward(batch[0])``."""
-    if hasattr(pl_module, "diagnostic_forward"):
+    if isinstance(pl_module, DiagnosticForward):
         return pl_module.diagnostic_forward(batch)
     return pl_module(batch[0] if isinstance(batch, list | tuple) else batch)
 
