@@ -1,18 +1,23 @@
 """Trainable activation and local-basis parameters over training (paper 000-02).
 
-For every ``CauchyAct`` in the module (``modules.components.local_basis``) this logs its three scalars,
-``diag/activation_params/<layer>/{lambda1,lambda2,d}``; for every local-basis residual (``CauchyNodes``,
-``GaussianBumps``) the scale ``s``, summaries of the centres ``c_j`` (mean, std, min, max), of the widths
-``d_j`` (mean, min, max), the effective number of nodes ``exp(entropy(softmax(a)))`` (M at init, 1 when
-one node takes all the weight) and the largest weight. The full centres, widths and weights of every
-measurement are kept for the figure (centres against step, the marker size showing the weight) and in
-checkpoints.
+The tracker selects layers by what they declare, never by their class:
+
+- a layer whose class declares ``shape_parameters`` (``modules.components.activations``; ``CauchyAct``'s
+  ``lambda1, lambda2, d``, ``GaussianAct``'s width ``a``) has each of them logged,
+  ``diag/activation_params/<layer>/<parameter>``;
+- an ``AdaptiveNodes`` layer (``modules.components.local_basis``: the local-basis residuals ``CauchyNodes``,
+  ``GaussianBumps``) has its scale ``s``, summaries of the centres ``c_j`` (mean, std, min, max), of the widths
+  ``d_j`` (mean, min, max), the effective number of nodes ``exp(entropy(softmax(a)))`` (M at init, 1 when
+  one node takes all the weight) and the largest weight logged. The full centres, widths and weights of every
+  measurement are kept for the figure (centres against step, the marker size showing the weight) and in
+  checkpoints.
 
 Every rank holds the same parameters under DDP, so nothing needs reducing.
 """
 
 from __future__ import annotations
 
+from itertools import cycle
 from typing import Any, Literal
 
 import lightning as L
@@ -20,31 +25,34 @@ import torch
 from torch import nn
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
-from modules.components.local_basis import CauchyAct, LocalBasisResidual
+from modules.components.activations import declared_shape_parameters
+from modules.components.local_basis import AdaptiveNodes
 
 
-def cauchy_acts(model: nn.Module) -> list[tuple[str, CauchyAct]]:
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, CauchyAct)]
+def shaped_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` of every layer whose class declares ``shape_parameters``."""
+    return [(n, m) for n, m in model.named_modules() if declared_shape_parameters(m)]
 
 
-def basis_residuals(model: nn.Module) -> list[tuple[str, LocalBasisResidual]]:
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, LocalBasisResidual)]
+def node_layers(model: nn.Module) -> list[tuple[str, AdaptiveNodes]]:
+    """``(name, module)`` of every ``AdaptiveNodes`` layer (a local-basis residual)."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, AdaptiveNodes)]
 
 
 def activation_param_values(model: nn.Module) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
-    """``(logged values, {residual: {"centres", "widths", "weights"}})`` for the current parameters."""
+    """``(logged values, {layer: {"centres", "widths", "weights"}})`` for the current parameters."""
     values: dict[str, float] = {}
     nodes: dict[str, dict[str, list[float]]] = {}
     with torch.no_grad():
-        for name, act in cauchy_acts(model):
-            values[f"{name}/lambda1"] = float(act.lambda1)
-            values[f"{name}/lambda2"] = float(act.lambda2)
-            values[f"{name}/d"] = float(act.d)
-        for name, res in basis_residuals(model):
-            c = res.centres.detach().double()
-            w = res.widths.detach().double()
-            p = res.weights.detach().double()
-            values[f"{name}/scale"] = float(res.scale)
+        for name, layer in shaped_layers(model):
+            for param in declared_shape_parameters(layer):
+                values[f"{name}/{param}"] = float(getattr(layer, param))
+        for name, res in node_layers(model):
+            state = res.node_state()
+            c = state.centres.detach().double()
+            w = state.widths.detach().double()
+            p = state.weights.detach().double()
+            values[f"{name}/scale"] = float(state.scale)
             values[f"{name}/centre_mean"] = float(c.mean())
             values[f"{name}/centre_std"] = float(c.std()) if c.numel() > 1 else 0.0
             values[f"{name}/centre_min"] = float(c.min())
@@ -59,7 +67,8 @@ def activation_param_values(model: nn.Module) -> tuple[dict[str, float], dict[st
 
 
 class ActivationParamTracker(Diagnostic):
-    """CauchyAct's ``lambda1, lambda2, d`` per layer and the local-basis nodes' centres, widths and weights.
+    """The declared shape parameters of every layer (CauchyAct's ``lambda1, lambda2, d``) and the centres,
+    widths and weights of every ``AdaptiveNodes`` layer.
 
     Args:
         schedule: when to measure (default: the initialisation and every 100 optimiser steps).
@@ -79,9 +88,9 @@ class ActivationParamTracker(Diagnostic):
         self.node_history: list[dict[str, Any]] = []
 
     def unsupported_reason(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str | None:
-        if not cauchy_acts(pl_module) and not basis_residuals(pl_module):
-            return (f"ActivationParamTracker found no CauchyAct and no local-basis residual in "
-                    f"{type(pl_module).__name__} (use activation: cauchy or arch: residual_can)")
+        if not shaped_layers(pl_module) and not node_layers(pl_module):
+            return (f"ActivationParamTracker found no CauchyAct (no layer declaring shape_parameters) and no "
+                    f"local-basis residual in {type(pl_module).__name__} (use activation: cauchy or arch: residual_can)")
         return None
 
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, float]:
@@ -104,15 +113,14 @@ class ActivationParamTracker(Diagnostic):
         import matplotlib.pyplot as plt
 
         steps = [h["step"] for h in self.history]
-        act_keys = sorted({k.rsplit("/", 1)[0] for h in self.history for k in h if k.endswith("/lambda1")})
         residuals = sorted({k for h in self.node_history for k in h if k != "step"})
+        # every logged key that is not a node layer's summary is a declared shape parameter
+        shape_keys = sorted({k for h in self.history for k in h if k != "step" and k.rsplit("/", 1)[0] not in residuals})
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for layer in act_keys:
-            for param, style in (("lambda1", "-"), ("lambda2", "--"), ("d", ":")):
-                axes[0].plot(steps, [h.get(f"{layer}/{param}", float("nan")) for h in self.history], style,
-                             label=f"{layer} {param}")
-        axes[0].set(xlabel="step", title="CauchyAct parameters")
-        if act_keys:
+        for key, style in zip(shape_keys, cycle(("-", "--", ":", "-."))):
+            axes[0].plot(steps, [h.get(key, float("nan")) for h in self.history], style, label=key.replace("/", " "))
+        axes[0].set(xlabel="step", title="activation shape parameters")
+        if shape_keys:
             axes[0].legend(fontsize=6)
         for name in residuals[:1]:
             for h in self.node_history:

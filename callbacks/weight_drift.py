@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from errors import ConfigError
 from modules.components.activations import activation_bias
+from modules.protocols import DiagnosticForward
 
 PREFIX = "diag/weight_drift"
 WEIGHT_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -131,7 +132,7 @@ class InputSourceTracer:
 def forward_on(pl_module: L.LightningModule, batch: Any) -> Any:
     """The module's ``diagnostic_forward(batch)`` (``modules.protocols.DiagnosticForward``), else
     ``forward(batch[0])``."""
-    if hasattr(pl_module, "diagnostic_forward"):
+    if isinstance(pl_module, DiagnosticForward):
         return pl_module.diagnostic_forward(batch)
     return pl_module(batch[0] if isinstance(batch, list | tuple) else batch)
 

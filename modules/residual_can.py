@@ -43,8 +43,10 @@ from torch import Tensor, nn
 
 from errors import ConfigError
 from modules.base import PaperTask, Stage, StepOutput, WeightedMean
-from modules.components.local_basis import RBFKAN, ActMLP, ResidualCAN
+from modules.components.activations import Sine
+from modules.components.local_basis import RBFKAN, ResidualCAN
 from modules.components.metrics import count_parameters
+from modules.components.mlp import MLP
 from modules.components.pde import (
     AllenCahn,
     MaxAbsError,
@@ -106,20 +108,6 @@ def score_fp_residual(score: Callable[[Tensor, Tensor], Tensor], x: Tensor, t: T
 
 # --- baseline networks (small, for the PINN comparisons; SIREN and Fourier features live here until a shared
 # --- INR component exists) ----------------------------------------------------------------------------------
-class Sine(nn.Module):
-    """``sin(w0 x)``."""
-
-    def __init__(self, w0: float = 30.0) -> None:
-        super().__init__()
-        self.w0 = w0
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.sin(self.w0 * x)
-
-    def extra_repr(self) -> str:
-        return f"w0={self.w0}"
-
-
 class SirenNet(nn.Module):
     """SIREN (Sitzmann et al. 2020): ``sin(w0 (W x + b))`` layers, first-layer weights ``U(-1/n, 1/n)``,
     hidden ``U(-sqrt(6/n)/w_h, sqrt(6/n)/w_h)`` with ``w_h = 30``, a linear read-out."""
@@ -145,7 +133,7 @@ class SirenNet(nn.Module):
 
 class FourierFeatureNet(nn.Module):
     """Random Fourier features ``[sin(2 pi B x), cos(2 pi B x)]``, ``B ~ N(0, sigma^2)`` fixed (Tancik et al.
-    2020), into an ``ActMLP``."""
+    2020), into an ``MLP``."""
 
     def __init__(self, in_dim: int, out_dim: int, width: int = 64, depth: int = 2, n_features: int = 32,
                  sigma: float = 1.0, activation: str = "tanh", seed: int = 0) -> None:
@@ -154,7 +142,7 @@ class FourierFeatureNet(nn.Module):
             raise ConfigError(f"Fourier features need n_features > 0 and sigma > 0, got {n_features}, {sigma}")
         gen = torch.Generator().manual_seed(seed)
         self.register_buffer("B", sigma * torch.randn(n_features, in_dim, generator=gen))
-        self.mlp = ActMLP(2 * n_features, out_dim, width, depth, activation)
+        self.mlp = MLP(2 * n_features, out_dim, hidden=[width] * depth, activation=activation)
 
     def forward(self, x: Tensor) -> Tensor:
         z = 2.0 * math.pi * x.flatten(1) @ self.B.T.to(x.dtype)
@@ -174,7 +162,7 @@ def build_network(arch: str, in_dim: int, out_dim: int, width: int = 64, depth: 
         return ResidualCAN(in_dim, out_dim, width, depth, activation, residual_basis, n_nodes, domain[0], domain[1],
                            node_scale)
     if arch == "mlp":
-        return ActMLP(in_dim, out_dim, width, depth, activation)
+        return MLP(in_dim, out_dim, hidden=[width] * depth, activation=activation)
     if arch == "siren":
         return SirenNet(in_dim, out_dim, width, depth, siren_w0)
     if arch == "fourier":
@@ -387,7 +375,7 @@ class CauchyScoreNet(_FieldTask):
             raise ConfigError(f"ic_weight must be >= 0, got {ic_weight}")
         self.loss_kind, self.t_min, self.t_max, self.ic_weight = loss, t_min, t_max, ic_weight
         self.dim = num_features
-        self.net = ActMLP(num_features + 1, num_features, width, depth, activation)
+        self.net = MLP(num_features + 1, num_features, hidden=[width] * depth, activation=activation)
 
     def score(self, x: Tensor, t: Tensor) -> Tensor:
         """``s(x (N, d), t (N, 1)) -> (N, d)``."""

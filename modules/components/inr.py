@@ -3,9 +3,10 @@
 - ``gaussian_frequencies`` / ``FourierFeatures``: gamma(x) = [cos 2 pi B x, sin 2 pi B x] with B ~ N(0, s^2)
   (Tancik et al. 2020). ``sort_by_norm`` + a fixed ``pool`` gives nested frequency sets: the first m of a
   sorted pool of ``pool`` draws, so level m's features are a prefix of level m' > m's (a bandwidth ladder).
-- ``Sine`` and ``siren_init_``: sin(w0 z) with the SIREN initialisation (Sitzmann et al. 2020).
-- ``CoordinateMLP``: an MLP over (encoded) coordinates, ReLU / sine / any ``modules.components.activations``
-  name.
+- ``siren_init_``: the SIREN initialisation (Sitzmann et al. 2020) of a layer followed by ``Sine``, sin(w0 z)
+  (the registry's ``sine``, defined in ``modules.components.activations`` and importable from here).
+- ``CoordinateMLP``: an ``MLP`` over coordinates of any leading shape, optionally Fourier-encoded, with the
+  SIREN initialisation when its activation is ``sine``.
 - ``batched_mlp_forward``: an MLP whose weights differ per signal (``W_l (B, d_l, d_{l-1})``), as a
   hypernetwork generates them; returns every pre-activation and activation, what a chain-rule step needs.
 """
@@ -14,13 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from errors import ConfigError
-from modules.components.activations import get_activation
+from modules.components.activations import Sine as Sine  # re-exported: its import path before the registry
+from modules.components.mlp import MLP
 
 
 def gaussian_frequencies(n: int, in_dim: int = 2, scale: float = 10.0, seed: int = 0,
@@ -71,19 +73,6 @@ class FourierFeatures(nn.Module):
         return torch.cat([torch.cos(proj), torch.sin(proj)], dim=-1)
 
 
-class Sine(nn.Module):
-    """sin(w0 z) (SIREN)."""
-
-    positive_bias: ClassVar[bool] = False  # symmetric (the modules.components.activations convention)
-
-    def __init__(self, w0: float = 30.0) -> None:
-        super().__init__()
-        self.w0 = w0
-
-    def forward(self, z: Tensor) -> Tensor:
-        return torch.sin(self.w0 * z)
-
-
 @torch.no_grad()
 def siren_init_(layer: nn.Linear, w0: float = 30.0, first: bool = False) -> nn.Linear:
     """SIREN initialisation: U(-1/n, 1/n) for the first layer, U(-sqrt(6/n)/w0, sqrt(6/n)/w0) after it."""
@@ -98,11 +87,14 @@ def siren_init_(layer: nn.Linear, w0: float = 30.0, first: bool = False) -> nn.L
 class CoordinateMLP(nn.Module):
     """f(x) = W_L sigma(... sigma(W_1 gamma(x) + b_1) ...) + b_L over coordinates ``x (..., in_dim)``.
 
+    What differs from ``MLP``: coordinates of any leading shape (not flattened samples), an optional Fourier
+    encoding ``gamma``, and the SIREN initialisation of every layer when ``activation`` is ``sine``.
+
     Args:
         in_dim: coordinate dimension.
         hidden: hidden widths (empty: a linear readout of the encoding).
         out_dim: output channels.
-        activation: ``sine`` (SIREN: sin(w0 z), SIREN init) or any name of ``get_activation``.
+        activation: ``sine`` (SIREN: sin(w0 z), SIREN init) or any other registered activation name.
         encoding: ``none`` or ``fourier`` (``FourierFeatures`` with ``n_frequencies``, ``scale``, ``seed``).
         w0: the SIREN frequency factor.
     """
@@ -117,23 +109,16 @@ class CoordinateMLP(nn.Module):
             raise ConfigError(f"hidden widths must be positive, got {list(hidden)}")
         self.encoding = FourierFeatures(in_dim, n_frequencies, scale, seed) if encoding == "fourier" else None
         d = self.encoding.out_dim if self.encoding is not None else in_dim
-        layers: list[nn.Module] = []
-        for i, h in enumerate(hidden):
-            lin = nn.Linear(d, h)
-            if activation == "sine":
+        siren = activation == "sine"  # SIREN's initialisation belongs to its activation: w0 sets both
+        self.mlp = MLP(d, out_dim, hidden, activation, activation_args={"w0": w0} if siren else None)
+        if siren and hidden:
+            linears = [m for m in self.mlp.layers if isinstance(m, nn.Linear)]
+            for i, lin in enumerate(linears):
                 siren_init_(lin, w0, first=i == 0 and self.encoding is None)
-                layers += [lin, Sine(w0)]
-            else:
-                layers += [lin, get_activation(activation)]
-            d = h
-        last = nn.Linear(d, out_dim)
-        if activation == "sine" and hidden:
-            siren_init_(last, w0)
-        layers.append(last)
-        self.net = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(self.encoding(x) if self.encoding is not None else x)
+        h = self.encoding(x) if self.encoding is not None else x
+        return self.mlp(h.reshape(-1, h.shape[-1])).reshape(*h.shape[:-1], -1)
 
 
 Activation = Literal["relu", "sine"]

@@ -1,108 +1,37 @@
-"""Localised basis functions and activations for low-dimensional function fitting (PINNs, scores, fields).
+"""Localised basis functions for low-dimensional function fitting (PINNs, scores, fields).
 
-- ``CauchyAct``: the Cauchy activation of XNet (Li, Xia, Zhang, arXiv 2409.19221)
-  ``phi(x) = (lambda1 x + lambda2) / (x^2 + d^2)`` with trainable scalars ``lambda1``, ``lambda2`` and
-  ``d = softplus(raw) + 1e-3`` (so the denominator never reaches 0); all three start at 1.
-- ``GaussianAct``: ``exp(-x^2 / (2 a^2))`` with a trainable width ``a = softplus(raw) + 1e-3``.
 - ``CauchyNodes`` (Cauchy adaptive nodes) and ``GaussianBumps``: a dense residual of M local functions
   ``R(x) = s sum_j softmax(a)_j N_j(x)`` with learnable centres ``c_j`` (initialised on a uniform grid over
   the domain), widths ``d_j``, amplitudes ``b1_j`` (a vector in d > 1), ``b2_j``, logits ``a`` and scale
   ``s`` (0.1 at init), where
   ``N_j(x) = (b1_j . (x - c_j) + b2_j) / (|x - c_j|^2 + d_j^2)`` (Cauchy) or
-  ``N_j(x) = (b1_j . (x - c_j) + b2_j) exp(-|x - c_j|^2 / (2 d_j^2))`` (Gaussian).
+  ``N_j(x) = (b1_j . (x - c_j) + b2_j) exp(-|x - c_j|^2 / (2 d_j^2))`` (Gaussian). Both are ``AdaptiveNodes``:
+  ``node_state()`` gives the centres, widths, weights and scale a diagnostic tracks.
+- ``ResidualCAN``: an ``MLP`` (CauchyAct by default) plus one of those residuals.
 - ``RBFKANLayer`` / ``RBFKAN``: a Kolmogorov-Arnold layer whose edge functions are Gaussian radial bases on
   a fixed grid plus a SiLU base term (FastKAN-style, pure torch).
 - ``InterpolatedGrid``: learnable values on a regular grid of nodes, evaluated at any point of the box by
   multilinear interpolation (nodes on both ends, ``align_corners=True``).
-- ``make_activation(name)``: ``cauchy``, ``gaussian`` or any name of ``modules.components.activations``.
+
+The local activations (``CauchyAct``, ``GaussianAct``: ``cauchy``, ``gaussian``) are registered activations
+and live in ``modules.components.activations``; they are importable from here too.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from errors import ConfigError
-from modules.components.activations import activation_names, get_activation
-
-D_MIN = 1e-3
-
-
-def inverse_softplus(y: float) -> float:
-    """``x`` with ``softplus(x) = y`` (y > 0)."""
-    if y <= 0:
-        raise ConfigError(f"a softplus-parametrised width must start positive, got {y}")
-    return y + math.log(-math.expm1(-y))
-
-
-def positive(raw: Tensor) -> Tensor:
-    """``softplus(raw) + 1e-3``: a width that stays away from zero."""
-    return F.softplus(raw) + D_MIN
-
-
-class CauchyAct(nn.Module):
-    """``phi(x) = (lambda1 x + lambda2) / (x^2 + d^2)``, ``d = softplus(raw_d) + 1e-3``, element-wise.
-
-    Args:
-        lambda1, lambda2, d: initial values of the three trainable scalars (XNet: all 1).
-    """
-
-    def __init__(self, lambda1: float = 1.0, lambda2: float = 1.0, d: float = 1.0) -> None:
-        super().__init__()
-        if d <= D_MIN:
-            raise ConfigError(f"CauchyAct's d must start above {D_MIN}, got {d}")
-        self.lambda1 = nn.Parameter(torch.tensor(float(lambda1)))
-        self.lambda2 = nn.Parameter(torch.tensor(float(lambda2)))
-        self.raw_d = nn.Parameter(torch.tensor(inverse_softplus(d - D_MIN)))
-
-    @property
-    def d(self) -> Tensor:
-        return positive(self.raw_d)
-
-    def forward(self, x: Tensor) -> Tensor:
-        d = self.d
-        return (self.lambda1 * x + self.lambda2) / (x * x + d * d)
-
-    def extra_repr(self) -> str:
-        return f"lambda1={self.lambda1.item():.3g}, lambda2={self.lambda2.item():.3g}, d={self.d.item():.3g}"
-
-
-class GaussianAct(nn.Module):
-    """``exp(-x^2 / (2 a^2))`` with ``a = softplus(raw_a) + 1e-3`` (trainable unless ``trainable=False``)."""
-
-    positive_bias: ClassVar[bool] = True
-
-    def __init__(self, a: float = 1.0, trainable: bool = True) -> None:
-        super().__init__()
-        raw = torch.tensor(inverse_softplus(a - D_MIN))
-        if trainable:
-            self.raw_a = nn.Parameter(raw)
-        else:
-            self.register_buffer("raw_a", raw)
-
-    @property
-    def a(self) -> Tensor:
-        return positive(self.raw_a)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.exp(-0.5 * (x / self.a).square())
-
-
-def make_activation(name: str) -> nn.Module:
-    """A fresh activation: ``cauchy`` (``CauchyAct``), ``gaussian`` (``GaussianAct``) or a name of
-    ``modules.components.activations`` (relu, silu, tanh, ...)."""
-    if name == "cauchy":
-        return CauchyAct()
-    if name == "gaussian":
-        return GaussianAct()
-    if name not in activation_names():
-        raise ConfigError(f"unknown activation {name!r}; choose one of {['cauchy', 'gaussian', *activation_names()]}")
-    return get_activation(name)
+from modules.components.activations import D_MIN, inverse_softplus, positive
+from modules.components.activations import CauchyAct as CauchyAct  # re-exported: its import path before the registry
+from modules.components.activations import GaussianAct as GaussianAct
+from modules.components.mlp import MLP
 
 
 def grid_centres(n_nodes: int, dim: int, low: float, high: float, seed: int = 0) -> tuple[Tensor, float]:
@@ -119,6 +48,23 @@ def grid_centres(n_nodes: int, dim: int, low: float, high: float, seed: int = 0)
         centres = low + (high - low) * torch.rand(n_nodes, dim, generator=gen, dtype=torch.float64)
         spacing = (high - low) / n_nodes ** (1.0 / dim)
     return centres.float(), spacing
+
+
+class NodeState(NamedTuple):
+    """The learnable layout of M weighted local functions."""
+
+    centres: Tensor  # (M, d)
+    widths: Tensor  # (M,)
+    weights: Tensor  # (M,), summing to 1
+    scale: Tensor  # (), the residual's overall scale
+
+
+@runtime_checkable
+class AdaptiveNodes(Protocol):
+    """A layer of M weighted local functions whose centres and widths train (what
+    ``callbacks.activation_params`` summarises)."""
+
+    def node_state(self) -> NodeState: ...
 
 
 class LocalBasisResidual(nn.Module):
@@ -173,6 +119,10 @@ class LocalBasisResidual(nn.Module):
     def weights(self) -> Tensor:
         return self.logits.softmax(0)
 
+    def node_state(self) -> NodeState:
+        """``AdaptiveNodes``: the current centres, widths, weights and scale."""
+        return NodeState(self.centres, self.widths, self.weights, self.scale)
+
     def nodes(self, x: Tensor) -> Tensor:
         """Every ``N_j(x)``: ``(N, M, out)``."""
         if x.dim() != 2 or x.shape[1] != self.in_dim:
@@ -224,7 +174,7 @@ class GaussianBumps(LocalBasisResidual):
         return torch.exp(-0.5 * sq_dist / width.square())
 
 
-def local_basis(kind: Literal["cauchy", "gaussian"], **kwargs) -> LocalBasisResidual:
+def local_basis(kind: Literal["cauchy", "gaussian"], **kwargs: Any) -> LocalBasisResidual:
     """``CauchyNodes`` or ``GaussianBumps`` by name."""
     classes = {"cauchy": CauchyNodes, "gaussian": GaussianBumps}
     if kind not in classes:
@@ -319,36 +269,15 @@ class InterpolatedGrid(nn.Module):
         return F.interpolate(self.values[None], size=tuple(shape), mode=mode, align_corners=True)[0]
 
 
-class ActMLP(nn.Module):
-    """``in -> [Linear -> act] x depth -> Linear -> out`` with any ``make_activation`` name (a fresh activation
-    module per layer, so CauchyAct's ``lambda1, lambda2, d`` are per layer). A task network."""
-
-    def __init__(self, in_shape: int | Sequence[int], out_dim: int, width: int = 64, depth: int = 3,
-                 activation: str = "cauchy") -> None:
-        super().__init__()
-        in_dim = in_shape if isinstance(in_shape, int) else math.prod(in_shape)
-        if in_dim <= 0 or out_dim <= 0 or width <= 0 or depth < 1:
-            raise ConfigError(f"ActMLP needs positive sizes and depth >= 1, got in={in_dim}, out={out_dim}, "
-                              f"width={width}, depth={depth}")
-        layers: list[nn.Module] = []
-        prev = in_dim
-        for _ in range(depth):
-            layers += [nn.Linear(prev, width), make_activation(activation)]
-            prev = width
-        layers.append(nn.Linear(prev, out_dim))
-        self.layers = nn.Sequential(*layers)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.layers(x.flatten(1))
-
-
 class ResidualCAN(nn.Module):
     """ResidualCAN: ``u(x) = MLP_act(x) + s sum_j softmax(a)_j N_j(x)``, a CauchyAct main path (``activation``)
     plus a dense local-basis residual (``basis``: Cauchy adaptive nodes, Gaussian bumps, or ``none``).
 
     Args:
         in_shape, out_dim: sizes (a task network).
-        width, depth, activation: the main path (``ActMLP``).
+        width, depth, activation: the main path, an ``MLP`` with ``depth`` hidden layers of ``width`` and
+            ``activation`` (any registered name; a fresh module per layer, so CauchyAct's ``lambda1, lambda2, d``
+            are per layer).
         basis: ``cauchy`` (``CauchyNodes``), ``gaussian`` (``GaussianBumps``) or ``none`` (the main path alone).
         n_nodes, low, high, scale, node_width, seed: see ``LocalBasisResidual``.
     """
@@ -359,7 +288,9 @@ class ResidualCAN(nn.Module):
                  node_width: float | None = None, seed: int = 0) -> None:
         super().__init__()
         in_dim = in_shape if isinstance(in_shape, int) else math.prod(in_shape)
-        self.main = ActMLP(in_dim, out_dim, width, depth, activation)
+        if depth < 1:  # the main path is the activation's network: at least one hidden layer
+            raise ConfigError(f"ResidualCAN needs depth >= 1, got depth={depth}")
+        self.main = MLP(in_dim, out_dim, hidden=[width] * depth, activation=activation)
         if basis == "none":
             self.residual = None
         else:

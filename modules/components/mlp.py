@@ -23,11 +23,12 @@ class MLP(nn.Module):
         in_shape: one input sample's shape (or its flattened size).
         out_dim: outputs (classes).
         hidden: widths of the hidden layers.
-        activation: activation after every hidden layer (``modules.components.activations``).
+        activation: activation after every hidden layer, any registered name (``activation_names()`` of
+            ``modules.components.activations``: relu, gelu, ..., the trainable cauchy and gaussian, sine).
         bias: linear layers with biases.
         init: ``"default"`` (PyTorch's uniform init) or ``"kaiming"`` (He-normal weights, zero biases).
         activation_args: keyword arguments of the activation, e.g. ``{sparsity: 0.9}`` for ``quantile_relu``
-            (the forced-sparsity sweep of paper 000-09) or ``{clip: 8.0}`` for ``relu2_clip``.
+            (the forced-sparsity sweep of paper 000-09), ``{clip: 8.0}`` for ``relu2_clip``, ``{w0: 1.0}`` for ``sine``.
     """
 
     def __init__(

@@ -8,40 +8,34 @@ convolution reads.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 from torch import Tensor, nn
 
 from errors import ConfigError
 from modules.components.activations import get_activation
+from modules.components.norms import ChannelNorm, make_norm
 
-Norm = Literal["batch", "group"]
 
-
-def make_norm(kind: Norm, channels: int, groups: int = 2) -> nn.Module:
-    """BatchNorm2d, or GroupNorm with ``groups`` groups (no running statistics: federated learning's choice)."""
-    if kind == "group":
-        if channels % groups:
-            raise ConfigError(f"GroupNorm: {channels} channels do not split into norm_groups={groups} groups")
-        return nn.GroupNorm(groups, channels)
-    return nn.BatchNorm2d(channels)
+def _channel_norm(norm: ChannelNorm, channels: int, groups: int) -> nn.Module:
+    """``make_norm`` restricted to the norms of image channels (``batch``, ``group``)."""
+    return make_norm(norm, channels, groups=groups, choices=ChannelNorm)
 
 
 class BasicBlock(nn.Module):
     """``act2(bn2(conv2(act1(bn1(conv1(x))))) + shortcut(x))``."""
 
-    def __init__(self, c_in: int, c_out: int, stride: int, activation: str, norm: Norm = "batch",
+    def __init__(self, c_in: int, c_out: int, stride: int, activation: str, norm: ChannelNorm = "batch",
                  norm_groups: int = 2) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = make_norm(norm, c_out, norm_groups)
+        self.bn1 = _channel_norm(norm, c_out, norm_groups)
         self.act1 = get_activation(activation)
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
-        self.bn2 = make_norm(norm, c_out, norm_groups)
+        self.bn2 = _channel_norm(norm, c_out, norm_groups)
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or c_in != c_out:
             self.shortcut = nn.Sequential(
-                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), make_norm(norm, c_out, norm_groups)
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), _channel_norm(norm, c_out, norm_groups)
             )
         self.act2 = get_activation(activation)
 
@@ -72,12 +66,10 @@ class ResNet(nn.Module):
         widths: Sequence[int] = (16, 32, 64),
         blocks_per_stage: int = 1,
         activation: str = "relu",
-        norm: Norm = "batch",
+        norm: ChannelNorm = "batch",
         norm_groups: int = 2,
     ) -> None:
         super().__init__()
-        if norm not in ("batch", "group"):
-            raise ConfigError(f"norm must be 'batch' or 'group', got {norm!r}")
         in_channels = in_shape if isinstance(in_shape, int) else int(in_shape[0])
         if not isinstance(in_shape, int) and len(in_shape) != 3:
             raise ConfigError(f"ResNet needs images (C, H, W), got samples of shape {tuple(in_shape)}: set image_shape: true")
@@ -86,7 +78,7 @@ class ResNet(nn.Module):
                 f"ResNet sizes must be positive: widths={list(widths)}, blocks={blocks_per_stage}"
             )
         self.stem = nn.Sequential(
-            nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=False), make_norm(norm, widths[0], norm_groups)
+            nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=False), _channel_norm(norm, widths[0], norm_groups)
         )
         self.stem_act = get_activation(activation)
         stages: list[nn.Module] = []

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,17 +26,7 @@ from torch import Tensor, nn
 
 from errors import ConfigError
 from modules.components.activations import make_activation
-
-Norm = Literal["layernorm", "rmsnorm"]
-
-
-def make_norm(norm: Norm, dim: int, bias: bool = True) -> nn.Module:
-    """``nn.LayerNorm(dim)`` (with a bias when ``bias``) or ``nn.RMSNorm(dim)`` (a gain, no bias)."""
-    if norm == "layernorm":
-        return nn.LayerNorm(dim, bias=bias)
-    if norm == "rmsnorm":
-        return nn.RMSNorm(dim)
-    raise ConfigError(f"norm must be 'layernorm' or 'rmsnorm', got {norm!r}")
+from modules.components.norms import TokenNorm, make_norm
 
 
 class SelfAttention(nn.Module):
@@ -91,13 +80,13 @@ class Block(nn.Module):
         bias: bool = False,
         causal: bool = True,
         clip: float | None = None,
-        norm: Norm = "layernorm",
+        norm: TokenNorm = "layernorm",
         activation_args: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
-        self.ln_1 = make_norm(norm, n_embd, bias)
+        self.ln_1 = make_norm(norm, n_embd, bias=bias, choices=TokenNorm)
         self.attn = SelfAttention(n_embd, n_head, dropout, bias, causal)
-        self.ln_2 = make_norm(norm, n_embd, bias)
+        self.ln_2 = make_norm(norm, n_embd, bias=bias, choices=TokenNorm)
         self.mlp = nn.Sequential()
         self.mlp.add_module("fc", nn.Linear(n_embd, mlp_ratio * n_embd, bias=bias))
         act_args = {**({"clip": clip} if clip is not None else {}), **(activation_args or {})}
@@ -142,7 +131,7 @@ class TinyGPT(nn.Module):
         dropout: float = 0.0,
         bias: bool = False,
         tie_weights: bool = True,
-        norm: Norm = "layernorm",
+        norm: TokenNorm = "layernorm",
         activation_args: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
@@ -161,7 +150,7 @@ class TinyGPT(nn.Module):
                 for _ in range(n_layer)
             ]
         )
-        self.ln_f = make_norm(norm, n_embd, bias)
+        self.ln_f = make_norm(norm, n_embd, bias=bias, choices=TokenNorm)
         self.head = nn.Linear(n_embd, vocab_size, bias=False)
         if tie_weights:
             self.head.weight = self.tok_emb.weight

@@ -12,7 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from errors import ConfigError
-from modules.components.tiny_gpt import Block, Norm, make_norm
+from modules.components.norms import TokenNorm, make_norm
+from modules.components.tiny_gpt import Block
 
 
 class ViT(nn.Module):
@@ -42,7 +43,7 @@ class ViT(nn.Module):
         mlp_ratio: int = 4,
         activation: str = "gelu",
         dropout: float = 0.0,
-        norm: Norm = "layernorm",
+        norm: TokenNorm = "layernorm",
         activation_args: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
@@ -63,7 +64,7 @@ class ViT(nn.Module):
                 for _ in range(depth)
             ]
         )
-        self.ln = make_norm(norm, dim)
+        self.ln = make_norm(norm, dim, choices=TokenNorm)
         self.head = nn.Linear(dim, num_classes)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -1,4 +1,5 @@
-"""callbacks/activation_params.py: CauchyAct and node parameters read back exactly, errors, figure, CLI."""
+"""callbacks/activation_params.py: CauchyAct and node parameters read back exactly, layers selected by what they
+declare, errors, figure."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from callbacks.activation_params import ActivationParamTracker, activation_param
 from callbacks.diagnostic import Schedule
 from datamodules.collocation import CollocationDataModule
 from errors import ConfigError
+from modules.components.activations import CauchyAct, GaussianAct
+from modules.components.local_basis import AdaptiveNodes, CauchyNodes, NodeState
 from modules.residual_can import CauchyPINN
 
 
@@ -63,3 +66,52 @@ def test_a_model_without_cauchy_parts_is_refused_or_skipped(tmp_path):
     skip = ActivationParamTracker(if_unsupported="skip")
     fit(skip)
     assert skip.history == []
+
+
+class _Gain(torch.nn.Module):
+    """Not an activation class the tracker knows: it declares a shape parameter and nothing else."""
+
+    shape_parameters = ("gain",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = torch.nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gain * x
+
+
+class _UndeclaredCauchy(CauchyAct):
+    """A CauchyAct that declares no shape parameters: the tracker must not pick it by its class."""
+
+    shape_parameters = ()
+
+
+class _TwoNodes(torch.nn.Module):
+    """An ``AdaptiveNodes`` layer that is no ``LocalBasisResidual``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.centres = torch.nn.Parameter(torch.tensor([[-0.5], [0.5]]))
+
+    def node_state(self) -> NodeState:
+        return NodeState(self.centres, torch.tensor([0.1, 0.3]), torch.tensor([0.25, 0.75]), torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_layers_are_selected_by_what_they_declare_not_by_class():
+    model = torch.nn.Sequential(_Gain(), _UndeclaredCauchy(), _TwoNodes(), GaussianAct(a=0.5))
+    values, nodes = activation_param_values(model)
+    assert values["0/gain"] == 0.5 and values["3/a"] == pytest.approx(0.5, rel=1e-6)
+    assert not any(k.startswith("1/") for k in values)  # a CauchyAct subclass that declares nothing
+    assert values["2/scale"] == 2.0 and values["2/max_weight"] == 0.75
+    assert values["2/centre_mean"] == 0.0 and values["2/width_min"] == pytest.approx(0.1)
+    p = torch.tensor([0.25, 0.75], dtype=torch.float64)
+    assert values["2/effective_nodes"] == pytest.approx(torch.exp(-(p * p.log()).sum()).item())
+    assert nodes == {"2": {"centres": [-0.5, 0.5], "widths": pytest.approx([0.1, 0.3]), "weights": [0.25, 0.75]}}
+    assert isinstance(CauchyNodes(n_nodes=4), AdaptiveNodes) and not isinstance(CauchyAct(), AdaptiveNodes)
+    tracker = ActivationParamTracker(if_unsupported="skip")
+    assert tracker.unsupported_reason(None, torch.nn.Sequential(_Gain())) is None
+    assert "found no CauchyAct" in tracker.unsupported_reason(None, torch.nn.Sequential(_UndeclaredCauchy()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import struct
 
 import pytest
 import torch
@@ -17,6 +18,17 @@ def _gelu_ref(x: float) -> float:
 
 def _gelu_grad_ref(x: float) -> float:
     return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0))) + x * math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def _default_width(w: float = 1.0) -> float:
+    """The width ``softplus(raw) + 1e-3`` a module holds for an initial ``w``: ``raw`` is the softplus
+    pre-image of ``w - 1e-3``, stored as a float32 parameter."""
+    y = w - 1e-3
+    raw = struct.unpack("f", struct.pack("f", y + math.log(-math.expm1(-y))))[0]
+    return math.log1p(math.exp(raw)) + 1e-3
+
+
+_D = _default_width()  # CauchyAct's d and GaussianAct's a at their default 1
 
 
 # closed forms (value, derivative) written from scratch with the math module, never torch
@@ -39,6 +51,13 @@ _REFS = {
         lambda x: min(_gelu_ref(x) ** 2, 50.0),
         lambda x: 2 * _gelu_ref(x) * _gelu_grad_ref(x) if _gelu_ref(x) ** 2 < 50 else 0.0,
     ),
+    # the trainable local activations at their initial parameters (lambda1 = lambda2 = 1, d = a = 1)
+    "cauchy": (
+        lambda x: (x + 1) / (x * x + _D * _D),
+        lambda x: ((x * x + _D * _D) - 2 * x * (x + 1)) / (x * x + _D * _D) ** 2,
+    ),
+    "gaussian": (lambda x: math.exp(-x * x / (2 * _D * _D)), lambda x: -x / _D**2 * math.exp(-x * x / (2 * _D * _D))),
+    "sine": (lambda x: math.sin(30 * x), lambda x: 30 * math.cos(30 * x)),  # SIREN's default w0 = 30
 }
 
 # avoid the kinks (0 for relu, sqrt(50) for the clip) where the derivative is not defined
@@ -67,7 +86,7 @@ def test_quantile_relu_forces_sparsity(s):
 def test_activation_values_and_gradients(name):
     f, df = _REFS[name]
     x = torch.tensor(_POINTS, dtype=torch.float64, requires_grad=True)
-    y = get_activation(name)(x)
+    y = get_activation(name).double()(x)  # float64 parameters for the trainable ones
     y.sum().backward()
     for xi, yi, gi in zip(_POINTS, y.tolist(), x.grad.tolist()):
         assert yi == pytest.approx(f(xi), rel=1e-9, abs=1e-12), (name, xi)
@@ -99,6 +118,139 @@ def test_positive_bias_flag():
     assert not is_positively_biased(get_activation("tanh")) and not is_positively_biased(
         get_activation("identity")
     )
+
+
+# --- the registry: one entry per activation, its positive_bias and slope_bounds ---------------------------------
+
+
+class _Ramp(torch.nn.Module):
+    """``clamp((x + 1 + shift) / 2, 0, 1)``: E > 0, slope 1/2 inside the ramp and 0 outside."""
+
+    positive_bias = True
+    slope_bounds = (0.0, 0.5)
+
+    def __init__(self, shift: float = 0.0) -> None:
+        super().__init__()
+        self.shift = shift
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x + 1 + self.shift) / 2).clamp(0, 1)
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    """Registrations made in the test are undone after it."""
+    from modules.components import activations
+
+    monkeypatch.setattr(activations, "_REGISTRY", dict(activations._REGISTRY))
+    monkeypatch.setattr(activations, "_CLASS_TRAITS", dict(activations._CLASS_TRAITS))
+
+
+def test_register_an_activation_round_trip(scratch_registry):
+    from errors import ConfigError
+    from modules.components.activations import (
+        Tanh,
+        activation_bias,
+        activation_slope_bounds,
+        activation_spec,
+        make_activation,
+        register_activation,
+    )
+
+    spec = register_activation("ramp", _Ramp)  # traits read from the class
+    assert (spec.positive_bias, spec.slope_bounds, spec.args) == (True, (0.0, 0.5), ("shift",))
+    assert "ramp" in activation_names() and activation_spec("ramp") is spec
+    ramp = get_activation("ramp", shift=1.0)
+    assert isinstance(ramp, _Ramp) and ramp.shift == 1.0
+    assert activation_bias(ramp) is True and activation_slope_bounds(ramp) == (0.0, 0.5)
+    assert make_activation("ramp", {"shift": 2}).shift == 2.0
+    with pytest.raises(ConfigError, match="shift=1.0 only applies to ramp, not 'relu'"):
+        get_activation("relu", shift=1.0)
+    with pytest.raises(ConfigError, match="already registered"):
+        register_activation("ramp", _Ramp)
+    # a class that declares nothing: the values given are recorded for it, so its modules say the same
+    soft = register_activation("softplus", torch.nn.Softplus, slope_bounds=(0.0, 1.0))
+    assert (soft.positive_bias, soft.slope_bounds) == (True, (0.0, 1.0))
+    assert activation_slope_bounds(get_activation("softplus", beta=2.0)) == (0.0, 1.0)
+    with pytest.raises(ConfigError, match="contradicts"):
+        register_activation("tanh_biased", Tanh, positive_bias=True)
+    with pytest.raises(ConfigError, match="factory must be"):
+        register_activation("anonymous", lambda: torch.nn.Tanh())
+    with pytest.raises(ConfigError, match="lo <= hi"):
+        register_activation("logsigmoid", torch.nn.LogSigmoid, slope_bounds=(1.0, 0.0))
+
+
+def _bounded_activations() -> list[tuple[str, torch.nn.Module]]:
+    """Every registered activation with slope bounds, and torch's own classes the registry knows bounds of."""
+    from modules.components.activations import activation_slope_bounds
+
+    torch_acts = [torch.nn.ReLU(), torch.nn.ReLU6(), torch.nn.Hardtanh(), torch.nn.Softsign(), torch.nn.Tanh()]
+    acts = [(n, get_activation(n)) for n in activation_names()] + [(type(m).__name__, m) for m in torch_acts]
+    return [(n, m) for n, m in acts if activation_slope_bounds(m) is not None]
+
+
+def test_the_standard_activations_declare_their_slope_bounds():
+    from modules.components.activations import activation_spec
+
+    bounds = {n: activation_spec(n).slope_bounds for n in activation_names()}
+    assert (bounds["relu"], bounds["tanh"], bounds["identity"]) == ((0.0, 1.0), (0.0, 1.0), (1.0, 1.0))
+    assert bounds["gelu"] is bounds["silu"] is None
+    assert all(bounds[n] is None for n in ("relu2", "relu2_clip", "gelu2", "gelu2_clip"))
+    assert {n for n, _ in _bounded_activations()} >= {"relu", "tanh", "identity", "ReLU6", "Hardtanh", "Softsign"}
+
+
+@pytest.mark.parametrize("name, act", [pytest.param(n, m, id=n) for n, m in _bounded_activations()])
+def test_slope_bounds_hold_on_a_dense_grid(name, act):
+    """Difference quotients of phi over a fine grid (mean values of phi', so inside any bound on phi')."""
+    from modules.components.activations import activation_slope_bounds
+
+    lo, hi = activation_slope_bounds(act)
+    x = torch.linspace(-12, 12, 240_001, dtype=torch.float64)
+    with torch.no_grad():
+        y = act(x)
+    slopes = (y[1:] - y[:-1]) / (x[1:] - x[:-1])
+    assert slopes.min().item() >= lo - 1e-9 and slopes.max().item() <= hi + 1e-9, (name, slopes.min(), slopes.max())
+    if name in ("relu", "tanh", "identity"):  # tight: both bounds are reached (tanh's 0 only as |x| grows)
+        assert slopes.min().item() == pytest.approx(lo, abs=1e-6) and slopes.max().item() == pytest.approx(hi, abs=1e-6)
+
+
+# --- one make_norm ---------------------------------------------------------------------------------------------
+
+
+def test_make_norm_builds_every_kind_and_nets_narrow_the_choice():
+    from typing import get_args
+
+    from errors import ConfigError
+    from modules.components import norms
+    from modules.components.norms import ChannelNorm, Norm, TokenNorm, make_norm
+    from modules.components.resnet import ResNet
+    from modules.components.vit import ViT
+
+    assert set(norms._BUILDERS) == set(get_args(Norm)) == set(get_args(TokenNorm)) | set(get_args(ChannelNorm))
+    ln = make_norm("layernorm", 8, bias=False)
+    assert type(ln) is torch.nn.LayerNorm and ln.bias is None and ln.normalized_shape == (8,)
+    assert make_norm("layernorm", 8).bias is not None
+    rms = make_norm("rmsnorm", 8)
+    assert type(rms) is torch.nn.RMSNorm and rms.normalized_shape == (8,)
+    bn = make_norm("batch", 4)
+    assert type(bn) is torch.nn.BatchNorm2d and bn.num_features == 4
+    gn = make_norm("group", 6, groups=3)
+    assert type(gn) is torch.nn.GroupNorm and (gn.num_groups, gn.num_channels) == (3, 6)
+    x = torch.randn(2, 6, 3, 3)
+    assert gn(x).shape == x.shape and make_norm("batch", 6)(x).shape == x.shape
+    with pytest.raises(ConfigError, match="do not split into norm_groups=4"):
+        make_norm("group", 6, groups=4)
+    with pytest.raises(ConfigError, match="norm must be 'layernorm', 'rmsnorm', 'batch' or 'group', got 'bn'"):
+        make_norm("bn", 4)
+    with pytest.raises(ConfigError, match="norm must be 'layernorm' or 'rmsnorm', got 'batch'"):
+        TinyGPT(norm="batch")
+    with pytest.raises(ConfigError, match="norm must be 'layernorm' or 'rmsnorm', got 'group'"):
+        ViT(norm="group")
+    with pytest.raises(ConfigError, match="norm must be 'batch' or 'group', got 'layernorm'"):
+        ResNet(norm="layernorm")
+    resnet = ResNet(widths=(4, 8), norm="group", norm_groups=2)
+    assert sum(isinstance(m, torch.nn.GroupNorm) for m in resnet.modules()) == 1 + 2 * 2 + 1
+    assert type(TinyGPT(norm="rmsnorm").ln_f) is torch.nn.RMSNorm and type(ViT(norm="rmsnorm").ln) is torch.nn.RMSNorm
 
 
 def test_tiny_gpt_shapes_names_and_causality():

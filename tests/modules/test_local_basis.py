@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from errors import ConfigError
+from modules.components.activations import make_activation
 from modules.components.local_basis import (
-    ActMLP,
     CauchyAct,
     CauchyNodes,
     GaussianAct,
@@ -20,7 +20,6 @@ from modules.components.local_basis import (
     RBFKANLayer,
     ResidualCAN,
     grid_centres,
-    make_activation,
 )
 
 
@@ -91,7 +90,7 @@ def test_residual_can_without_a_basis_is_its_main_path():
     assert net.residual is None and torch.equal(net(x), net.main(x))
     assert isinstance(ResidualCAN(1, 1, basis="gaussian").residual, GaussianBumps)
     with pytest.raises(ConfigError, match="depth >= 1"):
-        ActMLP(1, 1, depth=0)
+        ResidualCAN(1, 1, depth=0)
 
 
 def test_rbf_kan_layer_matches_a_loop():

@@ -13,8 +13,9 @@ import yaml
 from datamodules.gmm_score import mixture_params, ou_mixture_score
 from errors import ConfigError
 from main import cli_main
-from modules.components.local_basis import ActMLP, CauchyAct, CauchyNodes
+from modules.components.local_basis import CauchyAct, CauchyNodes
 from modules.components.metrics import count_parameters
+from modules.components.mlp import MLP
 from modules.residual_can import (
     CauchyPINN,
     CauchyScoreNet,
@@ -149,7 +150,7 @@ def test_score_fp_residual_vanishes_for_the_exact_ou_score(dim):
 
 
 def test_score_fp_residual_keeps_dtype_and_graph():
-    net = ActMLP(3, 2, width=8, depth=1, activation="silu")
+    net = MLP(3, 2, hidden=[8], activation="silu")
     x, t = torch.randn(16, 2), torch.rand(16, 1)
     r = score_fp_residual(lambda x_, t_: net(torch.cat([x_, t_], 1)), x, t)
     assert r.dtype == torch.float32 and r.shape == (16, 2)
