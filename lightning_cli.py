@@ -33,7 +33,7 @@ from callbacks.checkpoints import BestCheckpoint, LastCheckpoint
 from callbacks.diagnostic import Diagnostic
 from callbacks.guards import FiniteLossGuard, InterruptCheckpoint
 from callbacks.predictions import PredictionWriter
-from datamodules.base import LINKED_SIZES, PaperlabDataModule
+from datamodules.base import LINKED_SIZES, PaperlabDataModule, run_seed_context
 from errors import ConfigError, PaperlabError
 from modules.base import PaperTask
 from tracking.config_artifact import ConfigArtifact, method_name
@@ -220,12 +220,12 @@ class PaperlabCLI(LightningCLI):
             self.config[f"{self.subcommand}.ckpt_path"] = self.resolved_ckpt_path
 
     def instantiate_classes(self) -> None:
+        # the run's seed, for the task and the data to read instead of the environment or torch's state: set
+        # while they are built, since a linked size (input_shape, ...) may build the data during instantiation
+        seed = self._value(self.config, "seed_everything")
         try:
-            super().instantiate_classes()
-            # the run's seed, for the task and the data to read instead of the environment or torch's state
-            seed = self._value(self.config, "seed_everything")
-            if isinstance(seed, int) and not isinstance(seed, bool):
-                self.model.run_seed = self.datamodule.run_seed = seed
+            with run_seed_context(seed if isinstance(seed, int) and not isinstance(seed, bool) else 0):
+                super().instantiate_classes()
         except ValueError as err:
             # jsonargparse wraps what a class raises while it is built ("Does not validate against any of
             # the Union subtypes"); a user error inside is shown as itself, anything else stays a traceback

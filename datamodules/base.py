@@ -18,7 +18,9 @@ had trained on, and sees the rest of the same epoch.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from typing import Protocol
 
 import lightning as L
@@ -187,6 +189,25 @@ Split = tuple[Tensor, ...]
 #: DataModule properties the CLI links into model ``__init__`` arguments of the same name, when both exist
 #: (``input_shape``: one sample's shape; ``num_features``: its flattened size; ``num_classes``: output
 #: classes, the vocabulary for next-token data; ``vocab_size``, ``block_size``: token data).
+_RUN_SEED: ContextVar[int] = ContextVar("paperlab_run_seed", default=0)
+
+
+@contextlib.contextmanager
+def run_seed_context(seed: int) -> Iterator[None]:
+    """Tasks and DataModules built inside take ``seed`` as their ``run_seed``: the CLI builds them in it,
+    so that the seed is there already while they are built (a linked size may build the data)."""
+    token = _RUN_SEED.set(int(seed))
+    try:
+        yield
+    finally:
+        _RUN_SEED.reset(token)
+
+
+def current_run_seed() -> int:
+    """The run seed of the ``run_seed_context`` being built in (0 outside one)."""
+    return _RUN_SEED.get()
+
+
 LINKED_SIZES = ("input_shape", "num_features", "num_classes", "vocab_size", "block_size")
 
 
@@ -199,10 +220,14 @@ class PaperlabDataModule(L.LightningDataModule):
 
     #: a short name for the MLflow ``dataset`` tag; subclasses override it
     dataset_name: str = "data"
-    #: the run's seed: ``seed_everything`` of the command, set by the CLI right after the DataModule is built
-    #: (0 for a DataModule built in Python, unless set). Read it in ``setup`` or later, never in ``__init__``;
-    #: a ``seed: int | None = None`` argument of a subclass means "the run seed" when None (``seed_or_run``).
-    run_seed: int = 0
+    #: the run's seed: ``seed_everything`` of the command (the CLI builds the DataModule in a
+    #: ``run_seed_context``; 0 for a DataModule built in Python, unless set). A ``seed: int | None = None``
+    #: argument of a subclass means "the run seed" when None (``seed_or_run``).
+    run_seed: int
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.run_seed = current_run_seed()
 
     def seed_or_run(self, seed: int | None) -> int:
         """``seed`` when given, else the run's seed."""

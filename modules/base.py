@@ -32,6 +32,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import Metric, MetricCollection
 
+from datamodules.base import current_run_seed
 from errors import ConfigError
 
 Stage = Literal["train", "val", "test"]
@@ -136,10 +137,10 @@ class PaperTask(LightningModule):
     #: steps whose metric inputs are kept (detached) before each metric gets them in one update: a
     #: torchmetrics update costs about 0.1 ms on CPU, a tenth of a small model's step (1: every step)
     metric_flush_every: ClassVar[int] = 32
-    #: the run's seed: ``seed_everything`` of the command, set by the CLI right after the task is built (0 for
-    #: a task built in Python, unless set). Read it in ``setup``/``configure_model`` or later, never in
-    #: ``__init__``; a ``seed: int | None = None`` argument means "the run seed" when None (``seed_or_run``).
-    run_seed: int = 0
+    #: the run's seed: ``seed_everything`` of the command (the CLI builds the task in a ``run_seed_context``;
+    #: 0 for a task built in Python, unless set). A ``seed: int | None = None`` argument means "the run seed"
+    #: when None (``seed_or_run``); resolve it when used, so that setting ``run_seed`` later still counts.
+    run_seed: int
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         """``class Foo(PaperTask, abstract=True)`` marks an intermediate base that declares no paper."""
@@ -170,6 +171,7 @@ class PaperTask(LightningModule):
         metrics: Mapping[str, Metric] | MetricCollection | None = None,
     ) -> None:
         super().__init__()
+        self.run_seed = current_run_seed()
         self.save_hyperparameters()
         self._keep_own_hparams()
         self._check_choices()

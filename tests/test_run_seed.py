@@ -45,3 +45,24 @@ def test_a_task_cannot_override_the_checkpoint_hooks(hook: str) -> None:
     with pytest.raises(TypeError, match="extra_state"):
         type("Overrides", (PaperTask,), {hook: lambda self, checkpoint: None, "paper_id": "000-00",
                                          "monitor": "val/acc", "monitor_mode": "max"})
+
+
+def test_data_built_while_sizes_are_linked_see_the_run_seed(paperlab_tmp: Path) -> None:
+    """A linked size can build the data during instantiation: the seed must be there by then."""
+    from datamodules.base import PaperlabDataModule
+
+    seen: list[int] = []
+
+    class _SeedAtBuild(PaperlabDataModule):
+        @property
+        def num_classes(self) -> int:
+            seen.append(self.run_seed)
+            return 3
+
+    import sys
+
+    module = sys.modules[__name__]
+    module._SeedAtBuild = _SeedAtBuild  # importable by its dotted path for the CLI
+    _SeedAtBuild.__module__, _SeedAtBuild.__qualname__ = __name__, "_SeedAtBuild"
+    _built(BASE, "--seed_everything", "11", "--data", f"{__name__}._SeedAtBuild")
+    assert seen and set(seen) == {11}
