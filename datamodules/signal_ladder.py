@@ -148,6 +148,12 @@ class SignalLadderDataModule(TensorDataModule):
         return {"train": train, "val": one, "test": one}
 
     @property
+    def input_shape(self) -> tuple[int, ...]:
+        """``(S, H, W, 1)`` from the arguments. The CLI links it into the model while instantiating, before it
+        sets ``run_seed``: building the signals to read their shape would draw them from seed 0 and keep them."""
+        return (self.n_calib + self.n_test, self.size, self.size, 1)
+
+    @property
     def num_classes(self) -> int:  # no classes: keeps the generic link from reading the calibration mask
         return 0
 

@@ -39,6 +39,18 @@ def test_signal_ladder_seed_follows_seed_everything():
     assert dm.seed == 7
 
 
+def test_input_shape_leaves_the_signals_to_the_run_seed():
+    """The CLI links ``input_shape`` while instantiating, before it sets ``run_seed``: reading the shape must not
+    draw the signals, or every seed of a sweep would fit the signals of seed 0."""
+    dm = SignalLadderDataModule(kind="procedural", size=8, n_test=2, n_calib=1, steps_per_epoch=1)
+    assert dm.input_shape == (3, 8, 8, 1) and dm.splits is None
+    dm.run_seed = 4
+    dm.setup()
+    test, calib = ladder_signals("procedural", 8, 4, 2, 1)
+    assert torch.equal(dm.splits["val"][0][0], torch.cat([calib, test]))
+    assert dm.input_shape == tuple(dm.splits["train"][0].shape[1:])
+
+
 def test_bad_input():
     with pytest.raises(ConfigError, match="kind must be one of"):
         SignalLadderDataModule(kind="noise")
