@@ -91,8 +91,8 @@ class ErrorLadder(Diagnostic):
         n = true.shape[1]
         maps = lad.get("maps")
         n_maps = 0 if maps is None else maps["true"].shape[0]
-        fig, axes = plt.subplots(1, 1 + 2 * min(n_maps, 2), figsize=(4 + 3 * 2 * min(n_maps, 2), 3.6))
-        axes = list(axes) if hasattr(axes, "__len__") else [axes]
+        fig, grid = plt.subplots(1, 1 + 2 * min(n_maps, 2), figsize=(4 + 3 * 2 * min(n_maps, 2), 3.6), squeeze=False)
+        axes = list(grid[0])  # squeeze=False: a (1, n) array even for a single panel
         ax = axes[0]
         for i, s in enumerate(test):
             c = f"C{i}"

@@ -8,9 +8,9 @@ import torch
 from lightning.pytorch.loggers import Logger
 
 from callbacks.error_ladder import ErrorLadder
-from datamodules.signals import SignalLadderDataModule
+from datamodules.signal_ladder import SignalLadderDataModule
 from errors import ConfigError
-from modules.compression_error import CompressionLadder
+from modules.compression_error.tasks import CompressionLadder
 from modules.mlp_classifier import MLPClassifier
 from tracking.tables import table_csv
 

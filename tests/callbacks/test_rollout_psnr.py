@@ -11,7 +11,7 @@ import torch
 from callbacks.diagnostic import Schedule
 from callbacks.param_scaling import ParameterScaling, scaling_table
 from callbacks.rollout_psnr import RolloutPSNR, rollout_summary
-from datamodules.signals import ImageSetDataModule
+from datamodules.image_sets import ImageSetDataModule
 from errors import ConfigError
 from modules.attn_hyper_inr import AttnOptHyperINR, HyperINRTask, mlp_opt_parameter_count
 from modules.mlp_classifier import MLPClassifier

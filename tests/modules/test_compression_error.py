@@ -8,20 +8,9 @@ import math
 import pytest
 import torch
 
-from datamodules.signals import ellipse_phantom, procedural_field
+from datamodules.images import ellipse_phantom, procedural_field
 from errors import ConfigError
 from main import cli_main
-from modules.components.measurements import MaskedFourier, ParallelBeam
-from modules.components.signal_fits import (
-    FourierField,
-    GridField,
-    HashField,
-    hash_corners,
-    hash_resolutions,
-    lattice_frequencies,
-    make_field,
-    periodic_coords,
-)
 from modules.compression_error import (
     CompressionLadder,
     ContractionError,
@@ -31,6 +20,17 @@ from modules.compression_error import (
     rms,
     spearman,
     train_field,
+)
+from modules.compression_error.measurements import MaskedFourier, ParallelBeam
+from modules.compression_error.signal_fits import (
+    FourierField,
+    GridField,
+    HashField,
+    hash_corners,
+    hash_resolutions,
+    lattice_frequencies,
+    make_field,
+    periodic_coords,
 )
 from tests.helpers import REPO, client, runs_of
 
@@ -326,7 +326,7 @@ def test_ladder_error_analysis_against_direct_computation():
 def test_ladder_trains_one_level_per_epoch_and_warm_starts():
     import lightning as L
 
-    from datamodules.signals import SignalLadderDataModule
+    from datamodules.signal_ladder import SignalLadderDataModule
 
     dm = SignalLadderDataModule(kind="procedural", size=24, n_test=2, n_calib=1, steps_per_epoch=40, seed=0)
     model = CompressionLadder(family="grid", levels=[3, 5, 9], input_shape=(3, 24, 24, 1),
@@ -349,7 +349,7 @@ def test_ladder_trains_one_level_per_epoch_and_warm_starts():
 def test_signal_fit_single_level_and_inverse_tasks():
     import lightning as L
 
-    from datamodules.signals import SignalLadderDataModule
+    from datamodules.signal_ladder import SignalLadderDataModule
 
     dm = SignalLadderDataModule(kind="phantom", size=32, n_test=1, n_calib=0, steps_per_epoch=60, seed=0)
     for task in ("fit", "mri", "ct"):
@@ -411,9 +411,9 @@ def test_bad_input():
 def test_missing_pillow_names_the_fix(monkeypatch):
     import builtins
 
-    from datamodules import signals
+    from datamodules import images, signal_ladder
 
-    signals._photo.cache_clear()
+    images._photo.cache_clear()
     real_import = builtins.__import__
 
     def no_pil(name, *args, **kwargs):
@@ -423,12 +423,12 @@ def test_missing_pillow_names_the_fix(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_pil)
     with pytest.raises(ConfigError, match=r"pip install pillow.*procedural"):
-        signals.sample_image("china", 32)
+        images.sample_image("china", 32)
     with pytest.raises(ConfigError, match="pip install pillow"):
-        signals.SignalLadderDataModule(kind="mixed")
-    signals.SignalLadderDataModule(kind="procedural")  # the default that needs nothing
+        signal_ladder.SignalLadderDataModule(kind="mixed")
+    signal_ladder.SignalLadderDataModule(kind="procedural")  # the default that needs nothing
     monkeypatch.undo()
-    signals._photo.cache_clear()
+    images._photo.cache_clear()
 
 
 def test_phantom_seed0_is_the_modified_shepp_logan():

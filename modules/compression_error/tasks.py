@@ -1,26 +1,8 @@
-"""Compression-level error prediction (paper 000-13): bound a fit's error without the ground truth, from the
-difference between fits at two compression levels.
-
-Setting. A family of signal parameterisations indexed by a compression level k (grid resolution, number of
-Fourier features, hash-table size, tensor rank; ``modules.components.signal_fits``), f_k the fit at level
-k (to the samples, or a reconstruction from measurements y = A f* in an inverse problem), f* the unknown
-signal. Contraction (our reading of the paper's "natural properties"): ||f_{k+1} - f*|| <= rho ||f_k - f*||
-with rho < 1. With d_k = ||f_k - f_{k+1}|| (RMS over pixels) the triangle inequality gives
-
-    ||f_k - f*|| <= d_k + ||f_{k+1} - f*|| <= d_k + rho ||f_k - f*||   =>   ||f_k - f*|| <= d_k / (1 - rho),
-
-and when the fits are least squares over nested subspaces (grids r = 2^j + 1, linear Fourier features,
-single-channel CP = truncated SVD) f_k - f_{k+1} is orthogonal to f_{k+1} - f*, so
-||f_k - f*||^2 = d_k^2 + ||f_{k+1} - f*||^2 <= d_k^2 + rho^2 ||f_k - f*||^2 and
-||f_k - f*|| <= d_k / sqrt(1 - rho^2) (equality when the contraction is exactly rho).
-
-Predictors (``predict_errors``): the worst-case bound with rho calibrated on held-out signals (the largest
-ratio ||f_{k+1} - f*|| / ||f_k - f*|| seen there), the signal-specific prediction with rho estimated from
-the signal's own ladder (the median of d_{k+1} / d_k), and local error maps |f_k - f_{k+1}| times the same
-factor.
-
-Modules: ``SignalFit`` (one level) and ``CompressionLadder`` (all levels in one ``fit``, one level per
-epoch, each warm-started from the previous one; the test step scores the bound and the predictions).
+"""The Lightning tasks of compression-level error prediction (paper 000-13): ``SignalFit`` (one level) and
+``CompressionLadder`` (all levels in one ``fit``, one level per epoch, each warm-started from the previous
+one; the test step scores the bound and the predictions through ``score_ladder``), over ``_SignalTask``
+(what both share: the family's options, the measurement operator y = A f*, the data-fit loss
+|A f - y|^2 and the per-epoch cosine decay of the rate).
 """
 
 from __future__ import annotations
@@ -29,26 +11,17 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from errors import ConfigError, PaperlabError
+from errors import ConfigError
 from modules.base import PaperTask, Stage, StepOutput, WeightedMean
-from modules.components.measurements import Task, make_operator, support_disc
 from modules.components.metrics import psnr_from_mse
-from modules.components.signal_fits import (
-    FAMILIES,
-    Family,
-    SignalField,
-    check_level,
-    is_nested_least_squares,
-    make_field,
-    solve_cp,
-    solve_fourier,
-    solve_grid,
-)
+from modules.compression_error.analysis import SUMMARY_KEYS, score_ladder
+from modules.compression_error.functional import rms
+from modules.compression_error.measurements import Task, make_operator, support_disc
+from modules.compression_error.signal_fits import FAMILIES, Family, SignalField, is_nested_least_squares, make_field
 
 DEFAULT_LEVELS: dict[str, list[int]] = {
     "grid": [5, 9, 17, 33, 65],
@@ -58,175 +31,6 @@ DEFAULT_LEVELS: dict[str, list[int]] = {
 }
 
 
-class ContractionError(PaperlabError, ValueError):
-    """The fits' differences do not contract (estimated rho >= 1): the signal-specific prediction is undefined."""
-
-
-# --- the functional API -----------------------------------------------------------------------------------
-def fit_level(signal: Tensor, family: Family, level: int, seed: int = 0, *, steps: int = 1500, lr: float = 1e-2,
-              **options: Any) -> Tensor:
-    """The fit of ``signal`` ``(H, W)`` or ``(H, W, C)`` at compression ``level`` of ``family`` (minimal
-    pixel MSE); the same shape and dtype.
-
-    ``grid`` (r x r nodes per channel, ``F.interpolate(G, (H, W), mode="bilinear", align_corners=True)``),
-    linear ``fourier`` and single-channel ``cp`` are solved directly (least squares: the separable solve
-    G = A_H^+ F (A_W^+)^T, the truncated Fourier series or ``lstsq`` on Gaussian features, the truncated
-    SVD); ``hash``, Fourier with an MLP readout and multi-channel CP by ``steps`` full-batch Adam steps at
-    ``lr`` with a cosine decay, from the seeded initialisation. ``options`` go to the family (see
-    ``modules.components.signal_fits``), e.g. ``n_levels`` for hash or ``frequencies`` for fourier.
-    """
-    if not isinstance(signal, Tensor) or signal.dim() not in (2, 3):
-        raise ConfigError(f"signal must be a tensor (H, W) or (H, W, C), got "
-                          f"{tuple(signal.shape) if isinstance(signal, Tensor) else type(signal).__name__}")
-    if not torch.isfinite(signal).all():
-        raise ConfigError("signal contains NaN or inf values")
-    squeeze = signal.dim() == 2
-    x = signal[..., None] if squeeze else signal
-    h, w, c = x.shape
-    check_level(family, level, h, w)
-    dtype = signal.dtype if signal.is_floating_point() else torch.float32
-    xf = x.to(dtype)
-    if family == "grid":
-        out = solve_grid(xf, level)
-    elif family == "fourier" and not options.get("hidden"):
-        out = solve_fourier(xf, level, options.get("frequencies", "lattice"), options.get("scale", 16.0), seed)
-    elif family == "cp" and c == 1:
-        out = solve_cp(xf, level)
-    else:
-        field = make_field(family, level, 1, h, w, c, seed=seed, **options)
-        out = train_field(field, xf[None].float(), steps=steps, lr=lr)[0].to(dtype)
-    return out[..., 0] if squeeze else out
-
-
-def train_field(field: SignalField, target: Tensor, steps: int = 1500, lr: float = 1e-2,
-                operator: nn.Module | None = None) -> Tensor:
-    """Fit ``field`` to ``target (S, H, W, C)`` (through ``operator``: minimise |A f - A f*|^2) by full-batch
-    Adam with a cosine decay of the rate to 1 %; return the fit ``(S, H, W, C)`` (no grad)."""
-    if steps < 1:
-        raise ConfigError(f"steps must be positive, got {steps}")
-    op = operator if operator is not None else nn.Identity()
-    with torch.no_grad():
-        y = op(target)
-    opt = torch.optim.Adam(field.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=lr * 0.01)
-    for _ in range(steps):
-        loss = (op(field()) - y).pow(2).flatten(1).mean(1).sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-    with torch.no_grad():
-        return field()
-
-
-def _stack_fits(fits: Sequence[Tensor] | Tensor) -> Tensor:
-    if isinstance(fits, Tensor):
-        if fits.dim() < 2:
-            raise ConfigError(f"fits as one tensor must be (n + 1, *shape), got {tuple(fits.shape)}")
-        return fits
-    fits = list(fits)
-    if not fits or not all(isinstance(f, Tensor) for f in fits):
-        raise ConfigError("fits must be a sequence of tensors f_0 .. f_n, one per level")
-    shapes = {tuple(f.shape) for f in fits}
-    if len(shapes) > 1:
-        raise ConfigError(f"all fits must have the same shape (one signal at several levels), got {sorted(shapes)}")
-    return torch.stack(fits)
-
-
-def contraction_factor(rho: float, orthogonal: bool = False) -> float:
-    """1 / (1 - rho), or 1 / sqrt(1 - rho^2) for nested least-squares fits."""
-    if isinstance(rho, bool) or not isinstance(rho, int | float) or not 0.0 <= rho < 1.0:
-        raise ConfigError(f"rho must be a number in [0, 1), got {rho!r}")
-    return 1.0 / math.sqrt(1.0 - rho**2) if orthogonal else 1.0 / (1.0 - rho)
-
-
-def predict_errors(fits: Sequence[Tensor] | Tensor, rho: float | None = None, orthogonal: bool = False, *,
-                   levels: Sequence[int] | None = None) -> dict[str, Any]:
-    """Error predictions for the fits f_0 .. f_n of one signal at rising compression levels.
-
-    d_k = RMS(f_k - f_{k+1}), k = 0 .. n - 1. Returns
-      ``"bound"`` (n,): d_k / (1 - rho), or d_k / sqrt(1 - rho^2) with ``orthogonal`` (nested least squares);
-      ``"local"`` (n, *shape): |f_k - f_{k+1}| times the same factor;
-      ``"rho"``: ``rho`` if given, else the median of d_{k+1} / d_k (needs >= 3 fits);
-      ``"d"`` (n,) and ``"factor"``.
-    If ||f_{k+1} - f*|| <= rho ||f_k - f*|| then ||f_k - f*|| <= bound_k.
-
-    Args:
-        fits: a sequence of same-shape tensors, or one tensor ``(n + 1, *shape)``.
-        rho: the contraction factor in [0, 1) (e.g. calibrated on held-out signals), or None to estimate it.
-        orthogonal: use the nested least-squares factor.
-        levels: the compression levels of the fits, checked to be strictly rising (optional).
-    Raises:
-        ConfigError on bad input; ContractionError when the estimated rho is not in [0, 1).
-    """
-    f = _stack_fits(fits)
-    n_fits = f.shape[0]
-    if n_fits < 2:
-        raise ConfigError(f"need at least 2 fits (got {n_fits}): the prediction is a difference between levels")
-    if levels is not None:
-        levels = list(levels)
-        if len(levels) != n_fits:
-            raise ConfigError(f"{len(levels)} levels for {n_fits} fits")
-        if any(b <= a for a, b in zip(levels, levels[1:])):
-            raise ConfigError(f"levels must be strictly rising (coarse to fine), got {levels}")
-    if rho is not None:
-        contraction_factor(rho)  # checks rho before anything is computed
-    if not torch.isfinite(f).all():
-        raise ConfigError("fits contain NaN or inf values")
-    f64 = f.double()
-    diff = f64[:-1] - f64[1:]
-    d = diff.pow(2).flatten(1).mean(1).sqrt()
-    if rho is None:
-        if n_fits < 3:
-            raise ConfigError(f"estimating rho needs at least 3 fits (got {n_fits}); pass rho= (e.g. calibrated "
-                              "on held-out signals)")
-        ratios = d[1:] / d[:-1]
-        rho_hat = float(np.median(ratios.numpy())) if torch.isfinite(ratios).all() else math.nan
-        if not 0.0 <= rho_hat < 1.0:
-            raise ContractionError(
-                f"the differences between levels do not contract (median d_(k+1)/d_k = {rho_hat:.3g}): the "
-                "levels are under-fitted, not nested, or past the signal's resolution; pass a calibrated rho"
-            )
-        rho = rho_hat
-    factor = contraction_factor(rho, orthogonal)
-    return {
-        "bound": (d * factor).to(f.dtype),
-        "local": (diff.abs() * factor).to(f.dtype),
-        "rho": float(rho),
-        "d": d.to(f.dtype),
-        "factor": factor,
-    }
-
-
-def spearman(a: Tensor, b: Tensor) -> float:
-    """Spearman's rank correlation of two same-size tensors (average ranks for ties); 0 for a constant."""
-    from scipy.stats import spearmanr
-
-    x, y = a.detach().double().reshape(-1).cpu().numpy(), b.detach().double().reshape(-1).cpu().numpy()
-    if np.ptp(x) == 0 or np.ptp(y) == 0:
-        return 0.0
-    return float(spearmanr(x, y).statistic)
-
-
-def gaussian_blur(img: Tensor, sigma: float) -> Tensor:
-    """``img (H, W)`` blurred by a separable Gaussian of std ``sigma`` pixels (reflect padding)."""
-    if sigma <= 0:
-        return img
-    radius = max(1, int(math.ceil(3 * sigma)))
-    t = torch.arange(-radius, radius + 1, dtype=img.dtype, device=img.device)
-    k = torch.exp(-0.5 * (t / sigma) ** 2)
-    k = k / k.sum()
-    x = nn.functional.pad(img[None, None], (radius, radius, radius, radius), mode="reflect")
-    x = nn.functional.conv2d(x, k.view(1, 1, 1, -1))
-    return nn.functional.conv2d(x, k.view(1, 1, -1, 1))[0, 0]
-
-
-def rms(x: Tensor) -> Tensor:
-    """Root mean square over all but the first dimension (float64)."""
-    return x.double().pow(2).flatten(1).mean(1).sqrt()
-
-
-# --- Lightning modules --------------------------------------------------------------------------------------
 class _SignalTask(PaperTask, abstract=True):
     """What SignalFit and CompressionLadder share: the family's options, the measurement operator, the
     data-fit loss and the per-epoch cosine decay of the rate."""
@@ -280,11 +84,12 @@ class _SignalTask(PaperTask, abstract=True):
 
     def _apply_lr_schedule(self, batch_idx: int) -> None:
         """``lr_schedule: cosine``: the rate falls from the optimizer's to 1 % of it over every epoch."""
-        if self.lr_schedule != "cosine" or self._trainer is None:
+        trainer = self.attached_trainer()
+        if self.lr_schedule != "cosine" or trainer is None:
             return
-        total = max(1, int(self.trainer.num_training_batches))
+        total = max(1, int(trainer.num_training_batches))
         scale = 0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * min(batch_idx, total - 1) / total))
-        for opt in self.trainer.optimizers:
+        for opt in trainer.optimizers:
             for group in opt.param_groups:
                 group.setdefault("base_lr", group["lr"])
                 group["lr"] = group["base_lr"] * scale
@@ -376,10 +181,6 @@ class SignalFit(_SignalTask):
         err = rms(fit.detach() - signals)
         psnr = psnr_from_mse(err.square(), min_mse=1e-24).mean()
         return StepOutput(loss, n=1, inputs={"rmse": (err.mean(), 1), "psnr": (psnr, 1)})
-
-
-SUMMARY_KEYS = ("bound_coverage", "bound_coverage_triangle", "bound_ratio", "tightness", "tightness_calib",
-                "spearman_local", "spearman_local_blur", "rho_calib", "rho_self")
 
 
 class CompressionLadder(_SignalTask):
@@ -529,7 +330,8 @@ class CompressionLadder(_SignalTask):
     # --- the error analysis ---------------------------------------------------------------------------------
     @torch.no_grad()
     def error_ladder(self, batch: Any) -> dict[str, Any]:
-        """The ladder's true errors, bounds and predictions on ``batch`` (the ``ProvidesErrorLadder`` protocol).
+        """The ladder's true errors, bounds and predictions on ``batch`` (the ``ProvidesErrorLadder`` protocol):
+        ``score_ladder`` of the fitted levels' renderings.
 
         Returns ``{"levels", "true" (S, n), "calib" (S,), "d" (S, n - 1), "bound", "pred_self", "pred_calib"
         (S, n - 1), "rho_calib", "summary" {metric: value}, "per_level" [{"true", "bound", "pred"}],
@@ -537,75 +339,4 @@ class CompressionLadder(_SignalTask):
         """
         signals, calib = self._check_batch(batch)
         fits = torch.stack(self.fits())  # (n, S, H, W, C)
-        n = fits.shape[0]
-        true = torch.stack([rms(f - signals) for f in fits], 1)  # (S, n)
-        summary: dict[str, float] = {}
-        per_level = [{"true": float(true[~calib, k].mean()), "bound": math.nan, "pred": math.nan} for k in range(n)]
-        out: dict[str, Any] = {"levels": self.levels[:n], "true": true, "calib": calib, "orthogonal": self.orthogonal,
-                               "per_level": per_level, "summary": summary}
-        if n < 2:
-            return out
-        d = torch.stack([rms(fits[k] - fits[k + 1]) for k in range(n - 1)], 1)  # (S, n - 1)
-        out["d"] = d
-        test = (~calib).nonzero().squeeze(1).tolist()
-        e = true[:, : n - 1]
-        # rho from the held-out (calibration) signals, whose ground truth is known
-        rho_cal = math.nan
-        if calib.any():
-            ratios = (true[calib, 1:] / true[calib, :-1]).reshape(-1)
-            ratios = ratios[torch.isfinite(ratios)]
-            if len(ratios):
-                rho_cal = float(torch.quantile(ratios, self.rho_quantile))
-        out["rho_calib"] = summary["rho_calib"] = rho_cal
-        bound = torch.full_like(d, math.nan)
-        if 0 <= rho_cal < 1:
-            bound = d * contraction_factor(rho_cal, self.orthogonal)
-            tri = d * contraction_factor(rho_cal, False)
-            summary["bound_coverage"] = float((bound[test] >= e[test]).double().mean())
-            summary["bound_coverage_triangle"] = float((tri[test] >= e[test]).double().mean())
-            summary["bound_ratio"] = float((bound[test] / e[test]).median())
-        out["bound"] = bound
-        # signal-specific: rho from each signal's own ladder
-        pred = torch.full_like(d, math.nan)
-        rho_self = []
-        if n >= 3:
-            for s in range(self.S):
-                try:
-                    p = predict_errors(fits[:, s], orthogonal=self.orthogonal)
-                except ContractionError:
-                    continue
-                pred[s] = p["bound"]
-                if s in test:
-                    rho_self.append(p["rho"])
-            logr = (pred[test] / e[test]).log().abs()
-            logr = torch.where(torch.isnan(logr), torch.full_like(logr, math.inf), logr)  # undefined = a miss
-            summary["tightness"] = float(logr.reshape(-1).median())
-            if rho_self:
-                summary["rho_self"] = float(np.median(rho_self))
-        out["pred_self"] = pred
-        # calibrated constant: pred = c d_k, c the median true / d over the calibration pairs
-        pred_c = torch.full_like(d, math.nan)
-        if calib.any():
-            c = (e[calib] / d[calib]).reshape(-1)
-            c = c[torch.isfinite(c)]
-            if len(c):
-                pred_c = d * float(c.median())
-                summary["tightness_calib"] = float((pred_c[test] / e[test]).log().abs().reshape(-1).median())
-        out["pred_calib"] = pred_c
-        # local maps: |f_k - f_{k+1}| against |f_k - f*|, raw and both blurred by a 2-pixel Gaussian
-        rhos, rhos_blur = [], []
-        for s in test:
-            for k in range(n - 1):
-                pred_map = (fits[k, s] - fits[k + 1, s]).abs().mean(-1)
-                true_map = (fits[k, s] - signals[s]).abs().mean(-1)
-                rhos.append(spearman(pred_map, true_map))
-                rhos_blur.append(spearman(gaussian_blur(pred_map, 2.0), gaussian_blur(true_map, 2.0)))
-        summary["spearman_local"] = float(np.mean(rhos))
-        summary["spearman_local_blur"] = float(np.mean(rhos_blur))
-        s0 = test[0]
-        out["maps"] = {"true": (fits[:-1, s0] - signals[s0]).abs().mean(-1),
-                       "pred": (fits[:-1, s0] - fits[1:, s0]).abs().mean(-1)}
-        for k in range(n - 1):  # means over the test signals where defined
-            per_level[k]["bound"] = float(bound[test, k].nanmean())
-            per_level[k]["pred"] = float(pred[test, k].nanmean())
-        return out
+        return score_ladder(fits, signals, calib, self.levels, self.orthogonal, self.rho_quantile)

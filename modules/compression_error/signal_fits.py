@@ -15,7 +15,7 @@ aligned, as ``F.interpolate(..., align_corners=True)``.
 ``warm_start(coarser)`` makes a field start from a coarser fit of the same family: exactly the same
 function when the levels are nested (grid prolongation, zero new Fourier weights, hash entries copied
 vertex by vertex, zero new CP columns), the nearest thing otherwise. ``solve_*`` are direct least-squares
-fits (``grid``, linear ``fourier``, ``cp``) used by ``modules.compression_error.fit_level``.
+fits (``grid``, linear ``fourier``, ``cp``) used by ``modules.compression_error.fitting.fit_level``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from errors import ConfigError
 from modules.components.inr import gaussian_frequencies
-from modules.components.sparse import sparse_matmul
+from modules.compression_error.sparse import sparse_matmul
 
 Family = Literal["grid", "fourier", "hash", "cp"]
 FAMILIES: tuple[str, ...] = ("grid", "fourier", "hash", "cp")

@@ -7,7 +7,7 @@ from autograd.
 - ``ParallelBeam``: line integrals at ``n_angles`` angles in [0, pi): the image rotated by each angle
   (bilinear, zero outside) summed along one axis, divided by H (so a constant image of 1 integrates to 1
   across the support); ``support_disc`` is its field of view;
-- ``Identity``: direct fitting.
+- ``DirectObservation``: y = f, direct fitting.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from errors import ConfigError
-from modules.components.sparse import sparse_matmul
+from modules.compression_error.sparse import sparse_matmul
 
 Task = Literal["fit", "mri", "ct"]
 
 
-class Identity(nn.Module):
-    """y = f (direct fitting)."""
+class DirectObservation(nn.Module):
+    """y = f: the measurement of direct fitting (the signal itself is observed)."""
 
     def forward(self, f: Tensor) -> Tensor:
         return f
@@ -143,9 +143,9 @@ def support_disc(height: int, width: int) -> Tensor:
 
 def make_operator(task: Task, height: int, width: int, mri_fraction: float = 0.25, ct_angles: int = 45,
                   seed: int = 0) -> nn.Module:
-    """The measurement operator of ``task``: ``fit`` (identity), ``mri`` (masked FFT), ``ct`` (projections)."""
+    """The measurement operator of ``task``: ``fit`` (direct observation), ``mri`` (masked FFT), ``ct`` (projections)."""
     if task == "fit":
-        return Identity()
+        return DirectObservation()
     if task == "mri":
         return MaskedFourier(height, width, mri_fraction, seed=seed)
     if task == "ct":

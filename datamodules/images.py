@@ -1,6 +1,7 @@
-"""2-D signals generated in code or shipped with scikit-learn, for signal fitting and INR generation.
+"""2-D images generated in code or shipped with scikit-learn (and the hub's natural photos), the sources of
+signal fitting and INR generation. No DataModule here: ``signal_ladder.py`` and ``image_sets.py`` build on them.
 
-Sources (all offline, all deterministic functions of a seed):
+Sources (all offline but the hub, all deterministic functions of a seed):
 
 - ``procedural_field(size, seed)``: a sum of random Gaussians, sinusoids and piecewise-constant shapes with
   sharp edges; the seed also draws how much each part weighs, so the spectra differ between seeds;
@@ -11,19 +12,18 @@ Sources (all offline, all deterministic functions of a seed):
   MRI and CT analogs;
 - ``shapes2d(n, size, seed)``: RGB images of 1-3 ellipses, rectangles and triangles on smooth colour
   gradients;
-- ``digits_images(size)``: scikit-learn's 8 x 8 digits, bilinearly upsampled.
+- ``digits_images(size)``: scikit-learn's 8 x 8 digits, bilinearly upsampled;
+- ``hub_images(hub_id, size)``: a hub image set (by default the 24 Kodak photos) as grayscale centre crops;
+  fails offline with one line naming the embedded default.
 
-DataModules: ``SignalLadderDataModule`` (a fixed set of test and calibration signals, the same batch every
-step: what a signal-fitting ladder trains on) and ``ImageSetDataModule`` (``shapes2d`` or digits as
-``(images,)`` batches, for hypernetworks). Pixel values are in [0, 1]; signals are ``(H, W, C)``, image sets
-``(N, C, H, W)``.
+``area_resize`` resamples ``(H, W, C)`` images; ``require_pillow`` names the fix when Pillow is missing.
+Pixel values are in [0, 1]; signals are ``(H, W, C)``, image sets ``(N, C, H, W)``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Literal
 
 import numpy as np
@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from datamodules.base import Split, TensorDataModule, seeded_split
 from errors import ConfigError
 
 SAMPLE_IMAGES = ("china", "flower")
@@ -112,7 +111,7 @@ def _shape_mask(xx: Tensor, yy: Tensor, gen: torch.Generator) -> Tensor:
     return (s >= 0).all(0) | (s <= 0).all(0)
 
 
-def _require_pillow() -> None:
+def require_pillow() -> None:
     try:
         import PIL  # noqa: F401
     except ImportError:
@@ -125,7 +124,7 @@ def _require_pillow() -> None:
 @functools.lru_cache(maxsize=4)
 def _photo(name: str) -> np.ndarray:
     """The decoded JPEG (427, 640, 3) as float64 (decoded once per process)."""
-    _require_pillow()
+    require_pillow()
     from sklearn.datasets import load_sample_image
 
     out = np.asarray(load_sample_image(f"{name}.jpg"), dtype=np.float64)
@@ -265,8 +264,6 @@ def digits_images(size: int = 16) -> Tensor:
     return x.clamp(0, 1)
 
 
-# --- the ladder's signal sets ------------------------------------------------------------------------------
-SignalKind = Literal["procedural", "images", "mixed", "phantom", "hub"]
 KODAK_HUB_ID = "Freed-Wu/kodak"  # the 24 Kodak photos (768 x 512 RGB), split "test", column "image"
 HUB_DEFAULT = "configs/compression_error/grid_ladder.yaml (procedural fields + scikit-learn's photos, kind: mixed)"
 
@@ -277,7 +274,7 @@ def hub_images(hub_id: str = KODAK_HUB_ID, size: int = 256, split: str = "test",
     the embedded default)."""
     from datamodules.hub import load_hub_dataset
 
-    _require_pillow()
+    require_pillow()
     ds = load_hub_dataset(hub_id, HUB_DEFAULT, split=split)
     if column not in ds.column_names:
         raise ConfigError(f"hub data set {hub_id!r} has no column {column!r} (columns: {ds.column_names})")
@@ -292,241 +289,16 @@ def hub_images(hub_id: str = KODAK_HUB_ID, size: int = 256, split: str = "test",
     return torch.stack(out)
 
 
-def _image_crops(seed: int, size: int) -> dict[str, list[Tensor]]:
-    """Two disjoint 256-crops of each photo (left and right halves of the 640-pixel width; rows seeded):
-    which one is the test signal and which the calibration signal is seeded too."""
-    gen = torch.Generator().manual_seed(int(seed) * 31 + 5)
-    out: dict[str, list[Tensor]] = {"test": [], "calib": []}
-    for name in SAMPLE_IMAGES:
-        row = int(torch.randint(0, 427 - 256 + 1, (), generator=gen))
-        crops = [sample_image(name, size, 256, (row, 0)), sample_image(name, size, 256, (row, 640 - 256))]
-        first = int(torch.randint(0, 2, (), generator=gen))
-        out["test"].append(crops[first])
-        out["calib"].append(crops[1 - first])
-    return out
-
-
-def ladder_signals(kind: SignalKind, size: int, seed: int, n_test: int, n_calib: int,
-                   hub_id: str = KODAK_HUB_ID) -> tuple[Tensor, Tensor]:
-    """The test and calibration signals of one ladder run: ``(test (n_test, H, W, 1), calib (n_calib, ...))``.
-
-    - ``procedural``: fields of seeds ``1000 seed + i`` (test) and ``1000 seed + 500 + i`` (calibration);
-    - ``phantom``: the same with ``ellipse_phantom``;
-    - ``images``: the two photos (one crop each for test, the disjoint other crop for calibration), topped
-      up with procedural fields when more signals are asked for;
-    - ``mixed``: procedural fields first, then the two photos' crops (test: n_test - 2 procedural + the
-      two test crops; calibration: n_calib - 2 procedural + the two calibration crops);
-    - ``hub``: images of the hub set ``hub_id`` (``hub_images``), a seeded permutation split into
-      calibration and test images (paper scale: Kodak at 256 x 256).
-    """
-    if n_test < 1 or n_calib < 0:
-        raise ConfigError(f"need n_test >= 1 and n_calib >= 0, got {n_test}, {n_calib}")
-
-    def proc(i: int) -> Tensor:
-        return procedural_field(size, 1000 * seed + i)
-
-    if kind == "procedural":
-        return (torch.stack([proc(i) for i in range(n_test)]),
-                torch.stack([proc(500 + i) for i in range(n_calib)]) if n_calib else torch.zeros(0, size, size, 1))
-    if kind == "phantom":
-        ph = [ellipse_phantom(size, 1000 * seed + i) for i in range(n_test)]
-        pc = [ellipse_phantom(size, 1000 * seed + 500 + i) for i in range(n_calib)]
-        return torch.stack(ph), torch.stack(pc) if pc else torch.zeros(0, size, size, 1)
-    if kind == "hub":
-        imgs = hub_images(hub_id, size)
-        if n_test + n_calib > len(imgs):
-            raise ConfigError(f"{hub_id!r} holds {len(imgs)} images; n_test + n_calib = {n_test + n_calib}")
-        order = torch.randperm(len(imgs), generator=torch.Generator().manual_seed(int(seed)))
-        return imgs[order[n_calib : n_calib + n_test]], imgs[order[:n_calib]]
-    if kind not in ("images", "mixed"):
-        raise ConfigError(f"kind must be one of procedural, images, mixed, phantom, hub; got {kind!r}")
-    crops = _image_crops(seed, size)
-    if kind == "images":
-        test = crops["test"][:n_test] + [proc(i) for i in range(max(0, n_test - 2))]
-        calib = crops["calib"][:n_calib] + [proc(500 + i) for i in range(max(0, n_calib - 2))]
-    else:
-        test = [proc(i) for i in range(max(0, n_test - 2))] + crops["test"][: min(2, n_test)]
-        calib = [proc(500 + i) for i in range(max(0, n_calib - 2))] + crops["calib"][: min(2, n_calib)]
-    return torch.stack(test), torch.stack(calib) if calib else torch.zeros(0, size, size, 1)
-
-
-class SignalLadderDataModule(TensorDataModule):
-    """A fixed set of signals for a signal-fitting ladder: every batch is the whole set.
-
-    One batch is ``(signals (1, S, H, W, 1), calib (1, S) bool)``: the ``n_calib`` calibration signals
-    (held out: the model reads their ground truth to calibrate a constant) then the ``n_test`` test signals
-    (whose ground truth is only used to score the prediction). The train split repeats that batch
-    ``steps_per_epoch`` times, so one epoch is ``steps_per_epoch`` optimiser steps on the full signals
-    (full-batch fitting); val and test are the batch once. ``input_shape`` is ``(S, H, W, 1)``.
-
-    Args:
-        kind: ``procedural``, ``images`` (scikit-learn's photos; needs Pillow), ``mixed`` (both),
-            ``phantom`` (ellipse phantoms, for the MRI/CT analogs) or ``hub`` (the paper-scale natural
-            images ``hub_id`` from the Hugging Face hub; fails offline naming the embedded default). See
-            ``ladder_signals``.
-        size: side H = W of every signal (photos are 256-crops resampled to it).
-        n_test, n_calib: how many test and calibration signals.
-        steps_per_epoch: optimiser steps per epoch.
-        seed: seed of the signals; None: the run's ``seed_everything`` (so a sweep's ``seeds:`` draws new
-            signals), 0 outside the CLI.
-        hub_id: the hub image set for ``kind: hub`` (default: the 24 Kodak photos).
-    """
-
-    dataset_name = "signals2d"
-
-    def __init__(
-        self,
-        kind: SignalKind = "mixed",
-        size: int = 128,
-        n_test: int = 3,
-        n_calib: int = 3,
-        steps_per_epoch: int = 300,
-        seed: int | None = None,
-        hub_id: str = KODAK_HUB_ID,
-    ) -> None:
-        if seed is None:  # Lightning's seed_everything (run by the CLI before the data is built) sets it
-            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-        super().__init__(batch_size=1, seed=seed)
-        if kind not in ("procedural", "images", "mixed", "phantom", "hub"):
-            raise ConfigError(f"kind must be one of procedural, images, mixed, phantom, hub; got {kind!r}")
-        if size < 4:
-            raise ConfigError(f"size must be at least 4, got {size}")
-        if steps_per_epoch < 1:
-            raise ConfigError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
-        if n_test < 1 or n_calib < 0:
-            raise ConfigError(f"need n_test >= 1 and n_calib >= 0, got {n_test}, {n_calib}")
-        if kind in ("images", "mixed", "hub"):
-            _require_pillow()
-        self.kind, self.size, self.n_test, self.n_calib, self.hub_id = kind, size, n_test, n_calib, hub_id
-        self.steps_per_epoch = steps_per_epoch
-        self.dataset_name = f"signals2d_{kind}"
-
-    def signals(self) -> tuple[Tensor, Tensor]:
-        """``(signals (S, H, W, 1), calib (S,) bool)``: calibration signals first."""
-        test, calib = ladder_signals(self.kind, self.size, self.seed, self.n_test, self.n_calib, self.hub_id)
-        sig = torch.cat([calib, test])
-        mask = torch.cat([torch.ones(len(calib), dtype=torch.bool), torch.zeros(len(test), dtype=torch.bool)])
-        return sig, mask
-
-    def build_splits(self) -> dict[str, Split]:
-        sig, mask = self.signals()
-        one = (sig[None], mask[None])
-        train = (sig[None].expand(self.steps_per_epoch, *sig.shape), mask[None].expand(self.steps_per_epoch, -1))
-        return {"train": train, "val": one, "test": one}
-
-    @property
-    def num_classes(self) -> int:  # no classes: keeps the generic link from reading the calibration mask
-        return 0
-
-
-@functools.lru_cache(maxsize=6)
-def _shapes2d_cached(n: int, size: int, seed: int) -> Tensor:
-    """``shapes2d(n, size, seed)`` generated once per process (a fit and the test after it, or several
-    experiments on the same images, share it; 10,000 images take seconds). Callers must not modify it."""
-    return shapes2d(n, size, seed)
-
-
-ImageSet = Literal["shapes2d", "digits", "hub"]
-IMAGESET_HUB_ID = "nielsr/CelebA-faces"  # CelebA's aligned faces (178 x 218 RGB), column "image"; not verified
-IMAGESET_HUB_DEFAULT = "configs/attn_hyper_inr/shapes2d.yaml (shapes2d, generated in code)"
-
-
-class ImageSetDataModule(TensorDataModule):
-    """Image sets for INR hypernetworks: batches ``(images (B, C, H, W),)`` in [0, 1].
-
-    Args:
-        dataset: ``shapes2d`` (RGB, generated: ``train_size``/``val_size``/``test_size`` images, seeds
-            ``split_seed``, ``+1``, ``+2``), ``digits`` (scikit-learn's digits upsampled to ``size``,
-            grayscale; a seeded 1,437 / 180 / 180 split of the 1,797) or ``hub`` (the paper-scale path: the
-            first ``train_size + val_size + test_size`` images of the hub set ``hub_id``, RGB, centre-cropped
-            and resized to ``size``, a seeded split; fails offline naming the embedded default).
-        size: image side (by default 32 for shapes2d, 16 for digits, 64 for hub).
-        train_size, val_size, test_size: split sizes for shapes2d.
-        split_seed: seed of the generated images (shapes2d) or of the split (digits, hub).
-        hub_id: the hub image set of ``dataset: hub`` (its ``image`` column, split ``train``).
-        batch_size, eval_batch_size, seed: see ``TensorDataModule``.
-    """
-
-    dataset_name = "images"
-
-    def __init__(
-        self,
-        dataset: ImageSet = "shapes2d",
-        size: int | None = None,
-        train_size: int = 10_000,
-        val_size: int = 500,
-        test_size: int = 1_000,
-        split_seed: int = 0,
-        batch_size: int = 32,
-        eval_batch_size: int | None = 256,
-        seed: int = 0,
-        hub_id: str = IMAGESET_HUB_ID,
-    ) -> None:
-        super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, seed=seed)
-        if dataset not in ("shapes2d", "digits", "hub"):
-            raise ConfigError(f"dataset must be shapes2d, digits or hub, got {dataset!r}")
-        if min(train_size, val_size, test_size) < 1:
-            raise ConfigError("train_size, val_size and test_size must be positive")
-        self.dataset = dataset
-        self.size = size if size is not None else {"shapes2d": 32, "digits": 16, "hub": 64}[dataset]
-        if self.size < 4:
-            raise ConfigError(f"size must be at least 4, got {self.size}")
-        self.train_size, self.val_size, self.test_size = train_size, val_size, test_size
-        self.split_seed = split_seed
-        self.hub_id = hub_id
-        self.dataset_name = dataset
-
-    def _hub_images(self) -> Tensor:
-        """The first ``train + val + test`` images of ``hub_id`` as ``(N, 3, size, size)`` in [0, 1]."""
-        from datamodules.hub import load_hub_dataset
-
-        _require_pillow()
-        n = self.train_size + self.val_size + self.test_size
-        ds = load_hub_dataset(self.hub_id, IMAGESET_HUB_DEFAULT, split="train")
-        if "image" not in ds.column_names or len(ds) < n:
-            raise ConfigError(f"hub set {self.hub_id!r} needs an 'image' column and {n} images "
-                              f"(has {ds.column_names}, {len(ds)})")
-        out = []
-        for img in ds.select(range(n))["image"]:
-            rgb = torch.tensor(np.asarray(img.convert("RGB"), dtype=np.float64)) / 255.0
-            h, w = rgb.shape[:2]
-            c = min(h, w)
-            crop = rgb[(h - c) // 2 : (h - c) // 2 + c, (w - c) // 2 : (w - c) // 2 + c]
-            out.append(area_resize(crop, self.size).permute(2, 0, 1).float().clamp(0, 1))
-        return torch.stack(out)
-
-    def build_splits(self) -> dict[str, Split]:
-        if self.dataset == "hub":
-            x = self._hub_images()
-            tr, va, te = seeded_split(x.shape[0], (self.train_size, self.val_size, self.test_size), self.split_seed)
-            return {"train": (x[tr],), "val": (x[va],), "test": (x[te],)}
-        if self.dataset == "shapes2d":
-            s = self.split_seed
-            return {
-                "train": (_shapes2d_cached(self.train_size, self.size, 3 * s),),
-                "val": (_shapes2d_cached(self.val_size, self.size, 3 * s + 1),),
-                "test": (_shapes2d_cached(self.test_size, self.size, 3 * s + 2),),
-            }
-        x = digits_images(self.size)
-        tr, va, te = seeded_split(x.shape[0], (1437, 180, 180), self.split_seed)
-        return {"train": (x[tr],), "val": (x[va],), "test": (x[te],)}
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return (1 if self.dataset == "digits" else 3, self.size, self.size)
-
-    @property
-    def num_classes(self) -> int:
-        return 0
-
-
 __all__ = [
-    "ImageSetDataModule",
-    "SignalLadderDataModule",
+    "HUB_DEFAULT",
+    "KODAK_HUB_ID",
+    "SAMPLE_IMAGES",
+    "area_resize",
     "digits_images",
     "ellipse_phantom",
-    "ladder_signals",
+    "hub_images",
     "procedural_field",
+    "require_pillow",
     "sample_image",
     "shapes2d",
 ]
