@@ -4,8 +4,9 @@ Counting only, once (at fit start): the module reports, for each width W in ``wi
 of the INR W wide, its other settings unchanged), the trainable parameters of each hypernetwork it knows
 (``modules.protocols.ProvidesParameterScaling``). Logged: ``diag/param_scaling/<model>/w<W>``, per model the
 ratio of the counts at the two largest widths (``<model>/last_ratio``; a count that does not depend on W has
-1, one affine in W tends to 2, one quartic to 16) and ``<model>/max_over_min``; the table as the artifact
-``param_scaling/param_scaling.csv`` and a log-log figure. Every rank counts the same: nothing to reduce.
+1, one affine in W tends to 2, one quartic to 16) and ``<model>/max_over_min``; at fit end, through the
+``Diagnostic`` base, the table (``table()``, one row per width) as the artifact ``tables/param_scaling.csv``
+and a log-log figure as ``figures/param_scaling.png``. Every rank counts the same: nothing to reduce.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ import lightning as L
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from errors import ConfigError
 from modules.protocols import ProvidesParameterScaling
-from tracking.figures import log_artifact_bytes, mlflow_logger
+from tracking.tables import table_csv
+
+
+def scaling_rows(widths: list[int], counts: dict[str, list[int]]) -> list[dict[str, int]]:
+    """One row per width W: ``{"width": W, <model>: count, ...}``."""
+    return [{"width": w, **{name: c[i] for name, c in counts.items()}} for i, w in enumerate(widths)]
 
 
 def scaling_table(widths: list[int], counts: dict[str, list[int]]) -> str:
-    """CSV: ``width,<model>,...`` one row per width."""
-    names = list(counts)
-    rows = ["width," + ",".join(names)]
-    rows += [f"{w}," + ",".join(str(counts[n][i]) for n in names) for i, w in enumerate(widths)]
-    return "\n".join(rows) + "\n"
+    """The logged CSV text: ``width,<model>,...`` then one row per width."""
+    return table_csv(scaling_rows(widths, counts))
 
 
 class ParameterScaling(Diagnostic):
@@ -62,9 +65,6 @@ class ParameterScaling(Diagnostic):
                 out[f"{model}/w{w}"] = float(c)
             out[f"{model}/last_ratio"] = counts[-1] / counts[-2]
             out[f"{model}/max_over_min"] = max(counts) / min(counts)
-        logger = mlflow_logger(trainer)
-        if logger is not None and trainer.is_global_zero:
-            log_artifact_bytes(logger, scaling_table(self.widths, self.counts), "param_scaling/param_scaling.csv")
         return out
 
     def extra_state(self) -> dict[str, Any]:
@@ -72,6 +72,10 @@ class ParameterScaling(Diagnostic):
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.counts = dict(state.get("counts", {}))
+
+    def table(self) -> list[dict[str, Any]] | None:
+        """The counts, one row per width (logged by the base as ``tables/param_scaling.csv``)."""
+        return scaling_rows(self.widths, self.counts) if self.counts else None
 
     def figure(self) -> Any:
         if not self.counts:
@@ -90,4 +94,4 @@ class ParameterScaling(Diagnostic):
         return fig
 
 
-__all__ = ["ParameterScaling", "scaling_table"]
+__all__ = ["ParameterScaling", "scaling_rows", "scaling_table"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import lightning as L
 import pytest
@@ -29,9 +30,9 @@ def test_rollout_summary() -> None:
 
 def _fit(callbacks: list, steps: int = 2, widths: tuple[int, ...] = (8,)) -> tuple[L.Trainer, HyperINRTask]:
     torch.manual_seed(0)
-    net = AttnOptHyperINR(inr_widths=list(widths), fourier_dim=8, out_dim=1, in_channels=1, d_model=16, n_heads=2,
-                          rollout_steps=3, image_size=8, patch_size=4)
-    task = HyperINRTask(net=net, input_shape=(1, 8, 8))
+    net = partial(AttnOptHyperINR, inr_widths=list(widths), fourier_dim=8, d_model=16, n_heads=2, rollout_steps=3,
+                  patch_size=4)
+    task = HyperINRTask(net=net, input_shape=(1, 8, 8))  # the sizes of digits at size 8, as the CLI links them
     data = ImageSetDataModule(dataset="digits", size=8, batch_size=8, eval_batch_size=16)
     trainer = L.Trainer(max_steps=steps, limit_val_batches=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,

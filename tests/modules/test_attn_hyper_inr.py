@@ -5,11 +5,14 @@ and the task through the CLI (the README's claims: parameter scaling here, recon
 from __future__ import annotations
 
 import math
+from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
 
 from errors import ConfigError
+from main import cli_main
 from modules.attn_hyper_inr import (
     AttnOptHyperINR,
     HyperINRTask,
@@ -22,9 +25,11 @@ from modules.attn_hyper_inr import (
     step_weights,
 )
 from modules.components.inr import batched_mlp_forward
+from tests.helpers import REPO, TINY, client, runs_of
 
 WIDTHS = [16, 32, 64, 128, 256, 512]
-SMALL = {"d_model": 16, "n_heads": 2, "image_size": 8, "patch_size": 4}
+IMAGE = (3, 8, 8)  # one image's (C, H, W): a hypernetwork's first argument (the task links it from the data)
+SMALL = {"d_model": 16, "n_heads": 2, "patch_size": 4}
 
 
 def _random_inr(dims: list[int], batch: int, points: int, activation: str, seed: int = 0):
@@ -84,8 +89,8 @@ def test_chain_rule_step_rejects_mismatched_shapes() -> None:
 @pytest.mark.parametrize("cls", [AttnOptHyperINR, TransINRBaseline, MLPOptStepBaseline])
 def test_generate_shapes_and_render(cls: type) -> None:
     torch.manual_seed(0)
-    net = cls(inr_widths=[8, 6], fourier_dim=10, out_dim=2, in_channels=2,
-              **({k: v for k, v in SMALL.items() if cls is not MLPOptStepBaseline or k in ("image_size", "patch_size")}))
+    net = cls((2, 8, 8), 2, inr_widths=[8, 6], fourier_dim=10,
+              **({k: v for k, v in SMALL.items() if cls is not MLPOptStepBaseline or k == "patch_size"}))
     images = torch.rand(3, 2, 8, 8)
     params = net.generate(images)
     dims = [10, 8, 6, 2]
@@ -99,7 +104,7 @@ def test_generate_shapes_and_render(cls: type) -> None:
 
 
 def test_rollout_steps_and_generate_steps_argument() -> None:
-    net = AttnOptHyperINR(inr_widths=[8], fourier_dim=8, rollout_steps=2, **SMALL)
+    net = AttnOptHyperINR(IMAGE, inr_widths=[8], fourier_dim=8, rollout_steps=2, **SMALL)
     images = torch.rand(2, 3, 8, 8)
     assert len(net.rollout(images)) == 2
     assert len(net.rollout(images, steps=4)) == 4
@@ -112,7 +117,7 @@ def test_rollout_steps_and_generate_steps_argument() -> None:
 
 
 def test_bilinear_readout_is_the_formula() -> None:
-    net = AttnOptHyperINR(inr_widths=[6], fourier_dim=4, out_dim=3, **SMALL)
+    net = AttnOptHyperINR(IMAGE, 3, inr_widths=[6], fourier_dim=4, **SMALL)
     tokens = [torch.randn(2, d, 16) for d in net.dims]
     params = net.read_out(tokens)
     l = 1
@@ -145,7 +150,7 @@ def test_trans_inr_count_is_affine_in_width() -> None:
 
 def test_mlp_opt_count_formula_matches_the_module_and_grows_quartically() -> None:
     for widths in ([4], [6, 5], [8, 8, 8]):
-        net = MLPOptStepBaseline(inr_widths=widths, fourier_dim=8, out_dim=3, image_size=8, patch_size=4)
+        net = MLPOptStepBaseline(IMAGE, 3, inr_widths=widths, fourier_dim=8, patch_size=4)
         assert count_parameters(net) == mlp_opt_parameter_count(widths, 8, 3)
     counts = [mlp_opt_parameter_count([w] * 3, 32, 3) for w in WIDTHS]
     ratios = [b / a for a, b in zip(counts, counts[1:])]
@@ -165,14 +170,15 @@ def test_mlp_opt_baseline_refuses_wide_inrs() -> None:
 
 
 def test_task_reports_the_three_scalings() -> None:
-    task = HyperINRTask(net=AttnOptHyperINR(inr_widths=[8], **SMALL), input_shape=(3, 8, 8))
+    task = HyperINRTask(net=partial(AttnOptHyperINR, inr_widths=[8], **SMALL), input_shape=(3, 8, 8))
     counts = task.param_scaling([16, 32])
     assert set(counts) == {"AttnOptHyperINR", "TransINRBaseline", "MLPOptStepBaseline"}
     assert counts["AttnOptHyperINR"][0] == counts["AttnOptHyperINR"][1] == count_parameters(
-        AttnOptHyperINR(inr_widths=[16], **SMALL))
+        AttnOptHyperINR(IMAGE, inr_widths=[16], **SMALL))
     assert counts["MLPOptStepBaseline"] == [mlp_opt_parameter_count([w], 32, 3) for w in (16, 32)]
-    trans = HyperINRTask(net=TransINRBaseline(inr_widths=[8], depth=2, **SMALL), input_shape=(3, 8, 8))
-    assert trans.param_scaling([16])["TransINRBaseline"] == [count_parameters(TransINRBaseline([16], depth=2, **SMALL))]
+    trans = HyperINRTask(net=partial(TransINRBaseline, inr_widths=[8], depth=2, **SMALL), input_shape=(3, 8, 8))
+    assert trans.param_scaling([16])["TransINRBaseline"] == [
+        count_parameters(TransINRBaseline(IMAGE, inr_widths=[16], depth=2, **SMALL))]
 
 
 # --- the task ---------------------------------------------------------------------------------------------
@@ -186,8 +192,9 @@ def test_psnr_and_step_weights() -> None:
 
 def test_task_loss_is_the_weighted_sum_of_step_losses() -> None:
     torch.manual_seed(0)
-    net = AttnOptHyperINR(inr_widths=[8], fourier_dim=8, rollout_steps=3, **SMALL)
-    task = HyperINRTask(net=net, input_shape=(3, 8, 8))
+    task = HyperINRTask(net=partial(AttnOptHyperINR, inr_widths=[8], fourier_dim=8, rollout_steps=3, **SMALL),
+                        input_shape=(3, 8, 8))
+    net = task.net
     images = torch.rand(4, 3, 8, 8)
     out = task.step((images,), "val")
     target = net.pixels(images)
@@ -203,19 +210,20 @@ def test_task_loss_is_the_weighted_sum_of_step_losses() -> None:
 # --- bad input --------------------------------------------------------------------------------------------
 def test_image_size_not_a_multiple_of_the_patch() -> None:
     with pytest.raises(ConfigError, match="multiple of patch_size"):
-        AttnOptHyperINR(image_size=30, patch_size=4)
+        AttnOptHyperINR((3, 30, 30), patch_size=4)
     with pytest.raises(ConfigError, match="multiple of patch_size"):
-        TransINRBaseline(image_size=16, patch_size=5)
+        TransINRBaseline((3, 16, 16), patch_size=5)
 
 
 def test_channel_mismatch() -> None:
+    # a factory that ignores the sizes the task gives it (here: always a 3-channel 8 x 8 net) is caught
     with pytest.raises(ConfigError, match="channel mismatch"):
-        HyperINRTask(net=AttnOptHyperINR(**SMALL), input_shape=(1, 8, 8))
-    net = AttnOptHyperINR(**SMALL)
+        HyperINRTask(net=lambda shape, out_dim: AttnOptHyperINR(IMAGE, 3, **SMALL), input_shape=(1, 8, 8))
+    net = AttnOptHyperINR(IMAGE, 3, **SMALL)
     with pytest.raises(ConfigError, match="in_channels"):
         net.generate(torch.rand(2, 1, 8, 8))
     with pytest.raises(ConfigError, match="image_size"):
-        HyperINRTask(net=net, input_shape=(3, 16, 16))
+        HyperINRTask(net=lambda shape, out_dim: net, input_shape=(3, 16, 16))
 
 
 def test_empty_inr_widths() -> None:
@@ -227,20 +235,44 @@ def test_empty_inr_widths() -> None:
 def test_steps_below_one() -> None:
     with pytest.raises(ConfigError, match="rollout_steps"):
         AttnOptHyperINR(rollout_steps=0)
-    net = AttnOptHyperINR(inr_widths=[4], fourier_dim=4, **SMALL)
+    net = AttnOptHyperINR(IMAGE, inr_widths=[4], fourier_dim=4, **SMALL)
     for bad in (0, -1):
         with pytest.raises(ConfigError, match="steps must be an integer >= 1"):
             net.generate(torch.rand(1, 3, 8, 8), steps=bad)
     with pytest.raises(ConfigError, match="single-pass"):
-        TransINRBaseline(inr_widths=[4], fourier_dim=4, **SMALL).rollout(torch.rand(1, 3, 8, 8), steps=2)
+        TransINRBaseline(IMAGE, inr_widths=[4], fourier_dim=4, **SMALL).rollout(torch.rand(1, 3, 8, 8), steps=2)
 
 
 def test_rollout_psnr_has_a_step_zero_column_for_every_net() -> None:
     images = torch.rand(2, 3, 8, 8)
-    for net in (AttnOptHyperINR(inr_widths=[4], fourier_dim=4, **SMALL),
-                TransINRBaseline(inr_widths=[4], fourier_dim=4, depth=1, **SMALL),
-                MLPOptStepBaseline(inr_widths=[4], fourier_dim=4, image_size=8, patch_size=4, rollout_steps=2)):
-        values = HyperINRTask(net=net, input_shape=(3, 8, 8)).rollout_psnr((images,))
+    for factory in (partial(AttnOptHyperINR, inr_widths=[4], fourier_dim=4, **SMALL),
+                    partial(TransINRBaseline, inr_widths=[4], fourier_dim=4, depth=1, **SMALL),
+                    partial(MLPOptStepBaseline, inr_widths=[4], fourier_dim=4, patch_size=4, rollout_steps=2)):
+        task = HyperINRTask(net=factory, input_shape=(3, 8, 8))
+        net = task.net
+        values = task.rollout_psnr((images,))
         assert values.shape == (2, net.rollout_steps + 1)
         assert values[:, 0].isnan().all() == isinstance(net, TransINRBaseline)
         assert values[:, 1:].isfinite().all()
+
+
+# --- through the CLI --------------------------------------------------------------------------------------
+def test_cli_links_the_image_shape_into_the_net_and_logs_the_scaling_table(paperlab_tmp) -> None:
+    """The config names the net without sizes: the CLI links the data's (C, H, W) into the task, which builds
+    ``net(input_shape, out_dim)``; ParameterScaling's table reaches the run through the diagnostic base."""
+    config = REPO / "configs/attn_hyper_inr/shapes2d.yaml"
+    small = [*TINY, "--data.init_args.train_size", "48", "--data.init_args.val_size", "16",
+             "--data.init_args.test_size", "16", "--run.name", "tiny"]
+    assert cli_main(["fit", "--config", str(config), *small]) == 0
+    assert cli_main(["test", "--config", str(config), *small, "--ckpt_path", "best"]) == 0
+    (run,) = runs_of("attn_hyper_inr")
+    params = run.data.params
+    assert params["model.init_args.net.class_path"].endswith("AttnOptHyperINR")
+    assert not any(k.endswith(("net.init_args.image_size", "net.init_args.in_channels", "net.init_args.out_dim"))
+                   for k in params), sorted(params)
+    assert run.data.metrics["test/n_params"] == count_parameters(AttnOptHyperINR((3, 32, 32), 3, fourier_scale=3.0))
+    assert [a.path for a in client().list_artifacts(run.info.run_id, "tables")] == ["tables/param_scaling.csv"]
+    text = Path(client().download_artifacts(run.info.run_id, "tables/param_scaling.csv", str(paperlab_tmp))).read_text()
+    assert text.splitlines()[0] == "width,AttnOptHyperINR,TransINRBaseline,MLPOptStepBaseline"
+    assert text.splitlines()[1] == f"16,{run.data.metrics['diag/param_scaling/AttnOptHyperINR/w16']:.0f}," + ",".join(
+        f"{run.data.metrics[f'diag/param_scaling/{m}/w16']:.0f}" for m in ("TransINRBaseline", "MLPOptStepBaseline"))

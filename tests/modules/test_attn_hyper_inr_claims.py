@@ -17,7 +17,10 @@ from sweeps.compare import compare
 from tests.helpers import REPO, client
 
 SWEEP = REPO / "configs/attn_hyper_inr/compare_sweep.yaml"
+# how the runs record model.net.class_path: jsonargparse writes a class's shortest import path, the package's
+# re-export, whatever path the sweep file gives
 OURS, BASE = "modules.attn_hyper_inr.AttnOptHyperINR", "modules.attn_hyper_inr.TransINRBaseline"
+IMAGE = (3, 32, 32)  # shapes2d's images (the sweep's data), linked into the nets by the CLI
 Stat = tuple[float, float, int]  # (mean, sample std, n) over seeds
 
 
@@ -48,9 +51,10 @@ def test_the_sweep_compares_sizes_matched_within_ten_percent() -> None:
     import yaml
 
     points = yaml.safe_load(SWEEP.read_text())["points"]
-    nets = {p["model.init_args.net"]["class_path"]: p["model.init_args.net"]["init_args"] for p in points}
-    ours = count_parameters(AttnOptHyperINR(**nets[OURS]))
-    base = count_parameters(TransINRBaseline(**nets[BASE]))
+    nets = {p["model.init_args.net"]["class_path"].rsplit(".", 1)[1]: p["model.init_args.net"]["init_args"]
+            for p in points}
+    ours = count_parameters(AttnOptHyperINR(IMAGE, IMAGE[0], **nets["AttnOptHyperINR"]))
+    base = count_parameters(TransINRBaseline(IMAGE, IMAGE[0], **nets["TransINRBaseline"]))
     assert abs(base - ours) <= 0.10 * ours, (ours, base)
 
 
