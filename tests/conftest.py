@@ -14,6 +14,9 @@ torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parent.parent
 
+# prints the time per test file and per method at the end of every run
+pytest_plugins = ("tests.timing_report",)
+
 
 @pytest.fixture(scope="session")
 def _migrated_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
