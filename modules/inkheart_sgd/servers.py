@@ -32,6 +32,12 @@ def worker_times(n: int, h: float, h_power: float = 0.0) -> list[float]:
     return [h * (i + 1) ** h_power for i in range(n)]
 
 
+def check_kappa(kappa: float) -> None:
+    """kappa, the seconds per coordinate per link, must be a finite number >= 0."""
+    if not (kappa >= 0 and math.isfinite(kappa)):
+        raise ConfigError(f"kappa (seconds per coordinate) must be >= 0, got {kappa}")
+
+
 class CommServer(SimulatedServer):
     """A simulated server in the h/kappa model: the clock advances by compute + kappa (up + down) per round.
 
@@ -46,8 +52,7 @@ class CommServer(SimulatedServer):
     def __init__(self, n_workers: int, dim: int, taus: list[float], kappa: float, uplink_cost: bool = True,
                  generator: torch.Generator | None = None) -> None:
         super().__init__(n_workers, ComputeTimeModel("fixed", taus=taus), generator)
-        if not (kappa >= 0 and math.isfinite(kappa)):
-            raise ConfigError(f"kappa (seconds per coordinate) must be >= 0, got {kappa}")
+        check_kappa(kappa)
         self.dim, self.kappa, self.uplink_cost = dim, float(kappa), bool(uplink_cost)
         self.taus = torch.tensor(taus, dtype=torch.float64)
 
@@ -110,8 +115,7 @@ class RennalaCycle:
 
     def __init__(self, n_workers: int, dim: int, taus: list[float], kappa: float, uplink_cost: bool,
                  batch: int, generator: torch.Generator | None) -> None:
-        if not (kappa >= 0 and math.isfinite(kappa)):
-            raise ConfigError(f"kappa (seconds per coordinate) must be >= 0, got {kappa}")
+        check_kappa(kappa)
         self.dim = dim
         comm = kappa * dim * (2 if uplink_cost else 1)
         self.inner = RennalaServer(n_workers, batch, ComputeTimeModel("fixed", taus=[t + comm for t in taus]),

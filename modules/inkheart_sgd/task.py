@@ -3,7 +3,6 @@ step per server round (the servers: ``modules.inkheart_sgd.build``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Literal, Protocol, runtime_checkable
 
@@ -13,7 +12,7 @@ from torch import Tensor
 from errors import ConfigError
 from modules.components.simulated_task import SimulatedServerTask
 from modules.inkheart_sgd.build import Method, build_server
-from modules.inkheart_sgd.servers import worker_times
+from modules.inkheart_sgd.servers import check_kappa, worker_times
 
 
 @runtime_checkable
@@ -79,8 +78,7 @@ class CompressedDistributedSGD(SimulatedServerTask):
         if n_workers < 1:
             raise ConfigError(f"n_workers must be >= 1, got {n_workers}")
         worker_times(n_workers, h, h_power)
-        if not (kappa >= 0 and math.isfinite(kappa)):
-            raise ConfigError(f"kappa (seconds per coordinate) must be >= 0, got {kappa}")
+        check_kappa(kappa)
         if k is not None and k < 1:
             raise ConfigError(f"k must be in [1, d], got {k}")
         self.method, self.n_workers = method, n_workers
