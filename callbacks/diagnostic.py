@@ -245,9 +245,14 @@ class Diagnostic(Callback):
                 del self.history[: len(self.history) - self.max_history]
         self.emit(trainer, values, step)
 
-    def emit(self, trainer: L.Trainer, values: dict[str, float], step: int) -> None:
-        """``diag/<name>/<key>`` to every logger (rank 0) and into ``trainer.callback_metrics`` (all ranks)."""
-        full = {f"diag/{self.name}/{k}": float(v) for k, v in values.items()}
+    def emit(self, trainer: L.Trainer, values: dict[str, float], step: int, namespace: str | None = None) -> None:
+        """``<namespace><key>`` to every logger (rank 0) and into ``trainer.callback_metrics`` (all ranks).
+
+        ``namespace`` defaults to ``diag/<name>/``; a diagnostic whose values are the run's own results under an
+        established name (``SimulatedClock``'s ``train/time_to_target``) gives it, e.g. ``train/``.
+        """
+        prefix = f"diag/{self.name}/" if namespace is None else namespace
+        full = {f"{prefix}{k}": float(v) for k, v in values.items()}
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(full, step=step)

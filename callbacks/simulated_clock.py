@@ -28,7 +28,6 @@ import math
 from typing import Any, Literal
 
 import lightning as L
-import torch
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from errors import ConfigError
@@ -101,12 +100,6 @@ class SimulatedClock(Diagnostic):
         value = state.get("target")
         return float(value) if value is not None else None
 
-    def _log(self, trainer: L.Trainer, values: dict[str, float]) -> None:
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.log_metrics(values, step=trainer.global_step)
-        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in values.items()})
-
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -121,15 +114,17 @@ class SimulatedClock(Diagnostic):
             return
         self.reached_at = float(state["seconds"])
         self.reached_step = trainer.global_step
-        self._log(trainer, {"train/time_to_target": self.reached_at, "train/time_to_target_best": self.reached_at,
-                            "train/target_reached": 1.0, "train/steps_to_target": float(self.reached_step)})
+        # the run's result under the names sweeps compare (train/...), not a diag/sim_clock/ measurement
+        self.emit(trainer, {"time_to_target": self.reached_at, "time_to_target_best": self.reached_at,
+                            "target_reached": 1.0, "steps_to_target": float(self.reached_step)},
+                  trainer.global_step, namespace="train/")
         if self.stop_at_target:
             trainer.should_stop = True
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.active and self._source is not None and self.reached_at is None:
             if self._target(self._source.sim_clock()) is not None:
-                self._log(trainer, {"train/target_reached": 0.0})
+                self.emit(trainer, {"target_reached": 0.0}, trainer.global_step, namespace="train/")
 
     def extra_state(self) -> dict[str, Any]:
         return {"reached_at": self.reached_at, "reached_step": self.reached_step}

@@ -27,8 +27,9 @@ unknown (``sigma2_at`` estimates the variance at a point).
 
 ``DistProblemDataModule`` wraps either for the CLI. The problem depends on the number of workers, which is
 the model's argument, so the model asks for it at setup: ``datamodule.build_problem(n_workers)``. Its
-loaders only pace the Lightning loop: one train batch per server update (the batch is the step index),
-one validation/test batch (the model evaluates f, |grad f|^2 and the test accuracy there).
+loaders only pace the Lightning loop: one train batch per server update (the batch is the step index;
+resumable within an epoch), one validation/test batch (the model evaluates f, |grad f|^2 and the test
+accuracy there).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from datamodules.base import PaperlabDataModule, seeded_split
+from datamodules.base import PaperlabDataModule, ResumableLoader, seeded_split
 from errors import ConfigError
 
 
@@ -298,17 +299,19 @@ class DigitsProblem(DistributedProblem):
         return {"acc": float(acc)}
 
 
-class StepLoader:
-    """``n`` batches that carry only their index: paces a loop in which the model draws its own data."""
+class StepLoader(ResumableLoader):
+    """``n`` batches that carry only their index: paces a loop in which the model draws its own data.
+    Resumable (``ResumableLoader``), so a checkpoint written within an epoch resumes at its step."""
 
     def __init__(self, n: int) -> None:
+        super().__init__()
         self.n = n
 
     def __len__(self) -> int:
         return self.n
 
-    def __iter__(self) -> Iterator[Tensor]:
-        return (torch.tensor([k]) for k in range(self.n))
+    def batches(self, skip: int = 0) -> Iterator[Tensor]:  # type: ignore[override]
+        return (torch.tensor([k]) for k in range(skip, self.n))
 
 
 class DistProblemDataModule(PaperlabDataModule):
@@ -358,7 +361,7 @@ class DistProblemDataModule(PaperlabDataModule):
                 raise ConfigError("need sigma >= 0, heterogeneity >= 0 and grad_norm0 > 0")
 
     def build_problem(self, n_workers: int) -> DistributedProblem:
-        """The problem for ``n_workers`` workers."""
+        """The problem for ``n_workers`` workers (what the task asks for: ``modules.protocols.ProvidesProblem``)."""
         if self.problem == "quadratic":
             return make_quadratic(n_workers, **self.quadratic_args)  # type: ignore[arg-type]
         return DigitsProblem(n_workers, **self.digits_args)  # type: ignore[arg-type]

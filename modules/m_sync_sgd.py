@@ -34,15 +34,12 @@ import math
 from collections.abc import Callable
 from typing import Literal
 
-import torch
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from errors import ConfigError
 from modules.components.compute_time import ComputeTimeModel
-from modules.components.mlp import MLP
 from modules.components.simulated_task import SimulatedServerTask
-from modules.components.supervised import NetFactory, SupervisedTask
+from modules.components.supervised import SupervisedTask
 from modules.components.worker_sim import (
     AsyncServer,
     MSyncServer,
@@ -101,7 +98,7 @@ class SimulatedDistributedSGD(SimulatedServerTask):
             raise ConfigError(f"silent_fraction applies to the synchronous methods (msync, sync), not {method!r}")
         self.n_workers, self.method = n_workers, method
         self.time_model = time_model if time_model is not None else ComputeTimeModel()
-        time_gen = torch.Generator().manual_seed(self.seed * 2 + 1)
+        time_gen = self.method_gen  # seeded 2 seed + 1 at setup
         if method == "msync" or method == "sync":
             silent = round(silent_fraction * n_workers)
             m_eff = max(n_workers - silent, 1) if method == "sync" else m
@@ -155,19 +152,9 @@ class SimulatedDistributedSGD(SimulatedServerTask):
 
 class MSyncClassifier(SupervisedTask):
     """The real path: a classifier trained with data-parallel SGD under ``MSyncDDPStrategy`` (m-Sync SGD's
-    update on ``torch.distributed``; each rank is one worker). Arguments as ``SupervisedTask``; SGD by default."""
+    update on ``torch.distributed``; each rank is one worker). Everything is ``SupervisedTask``'s: the network
+    and the SGD optimizer come from the config (``configs/m_sync_sgd/ddp_msync.yaml``)."""
 
     paper_id = "002-11"
     monitor = "val/acc"
     monitor_mode = "max"
-
-    def __init__(
-        self,
-        net: NetFactory = lambda shape, n: MLP(shape, n, hidden=[64, 64], activation="relu"),
-        loss: Literal["ce", "mse"] = "ce",
-        input_shape: tuple[int, ...] = (64,),
-        num_classes: int = 10,
-        optimizer: OptimizerCallable = lambda p: torch.optim.SGD(p, lr=0.1),
-        lr_scheduler: LRSchedulerCallable | None = None,
-    ) -> None:
-        super().__init__(net, loss, input_shape, num_classes, optimizer, lr_scheduler)

@@ -120,3 +120,11 @@ class ProvidesParameterScaling(Protocol):
     (counting only)."""
 
     def param_scaling(self, widths: Any) -> dict[str, list[int]]: ...
+
+
+@runtime_checkable
+class ProvidesProblem(Protocol):
+    """DataModules of the simulated distributed methods: the optimisation problem for ``n_workers`` workers
+    (``datamodules.dist_problems.DistributedProblem``), built when the task knows its number of workers."""
+
+    def build_problem(self, n_workers: int) -> Any: ...

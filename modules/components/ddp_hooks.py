@@ -159,8 +159,18 @@ class CompressedHookState:
         """Coordinates kept of a d-coordinate bucket: max(1, round(k_fraction d))."""
         return min(d, max(1, round(self.k_fraction * d)))
 
+    def bucket_seed(self, bucket_index: int) -> int:
+        """The seed of this step's bucket ``bucket_index``, the same on every rank."""
+        return (self.seed * 1_000_003 + self.step) * 1_009 + bucket_index
+
     def generator(self, bucket_index: int) -> torch.Generator:
-        return torch.Generator().manual_seed((self.seed * 1_000_003 + self.step) * 1_009 + bucket_index)
+        """The shared randomness of a bucket (Rand-K's coordinates, Perm-K's permutation)."""
+        return torch.Generator().manual_seed(self.bucket_seed(bucket_index))
+
+    def rank_generator(self, bucket_index: int, rank: int) -> torch.Generator:
+        """This rank's own randomness for a bucket (independent draws per rank: natural compression,
+        dithering). The bucket seed is taken modulo 2^64, as a generator stores it."""
+        return torch.Generator().manual_seed((self.bucket_seed(bucket_index) % 2**64) * 65_537 + rank)
 
 
 def compressed_hook(state: CompressedHookState, bucket):
@@ -195,7 +205,7 @@ def compressed_hook(state: CompressedHookState, bucket):
             local = torch.where(mine, buffer * world, torch.zeros_like(buffer))
             sent = float(mine.sum())
         else:
-            rank_gen = torch.Generator().manual_seed(gen.initial_seed() * 65_537 + dist.get_rank())
+            rank_gen = state.rank_generator(bucket.index(), dist.get_rank())
             flat = buffer.detach().double() if state.compressor in ("natural", "dithering") else buffer.detach()
             local = compress(state.compressor, flat, k=state.k_of(d), s=state.levels, generator=rank_gen).to(buffer.dtype)
             sent = float(state.k_of(d)) if state.compressor == "topk" else float(d)

@@ -4,8 +4,11 @@ A simulated method moves one point ``x`` (a frozen parameter, so checkpoints and
 simulated server (``modules.components.worker_sim``): one Lightning training step is one server round,
 the gradients are real (the problem's), the clock is simulated. What every such method shares lives here:
 
-- the problem from the DataModule (``build_problem(n_workers)``, ``datamodules.dist_problems``), built at
-  ``setup``; ``on_problem`` lets a method build what needs the problem (its server);
+- the problem from the DataModule (``modules.protocols.ProvidesProblem``: ``build_problem(n_workers)``,
+  ``datamodules.dist_problems``), built at ``setup``; ``on_problem`` lets a method build what needs the
+  problem (its server);
+- the two random streams, seeded at ``setup`` from ``seed`` or the run's seed: ``noise_gen`` (the gradient
+  noise, ``2 seed``) and ``method_gen`` (``2 seed + 1``: the method's computation times or its coins);
 - the round: ``server.step(x, lr, grad_fn)``, a divergence stop (``train/diverged``), the optimizer that only
   counts server steps (``ServerStepCounter``, so ``max_steps`` counts rounds);
 - the measurements f(x), |grad f(x)|^2, f(x) - f* (cached per round), validation/test metrics, the
@@ -13,8 +16,8 @@ the gradients are real (the problem's), the clock is simulated. What every such 
 - the simulator's state in checkpoints (server, noise generator, divergence flag), restored exactly, also
   when ``test --ckpt_path`` loads the checkpoint before ``setup`` has built the server.
 
-A method subclasses it, builds ``self.server`` (in ``__init__`` or ``on_problem``), gives ``grad_fn`` and adds
-its own clock and epoch metrics with ``clock_extras`` / ``epoch_extras``.
+A method subclasses it, builds ``self.server`` (in ``__init__`` or ``on_problem``, drawing from ``method_gen``),
+gives ``grad_fn`` and adds its own clock and epoch metrics with ``clock_extras`` / ``epoch_extras``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from torch import Tensor, nn
 from errors import ConfigError
 from modules.base import PaperTask, Stage, StepOutput, WeightedMean
 from modules.components.worker_sim import ServerStepCounter
+from modules.protocols import ProvidesProblem
 
 METRICS = ("grad_norm_sq", "loss_gap", "acc", "sim_seconds")
 
@@ -40,12 +44,14 @@ class SimulatedServerTask(PaperTask, abstract=True):
         lr: the step size gamma.
         epsilon: the target |grad f(x)|^2 <= epsilon, read by ``callbacks.simulated_clock.SimulatedClock``.
         divergence_bound: stop (and log ``train/diverged`` = 1) once |x|_inf exceeds this times (1 + |x0|_inf).
-        seed: the simulation's seed; the gradient noise uses ``2 seed``, ``2 seed + 1`` is left to the method
-            (its computation times or its own randomness). None: the run's ``seed_everything``.
+        seed: the simulation's seed; the gradient noise uses ``2 seed`` (``noise_gen``), the method ``2 seed + 1``
+            (``method_gen``: its computation times or its own randomness). None: the run's ``seed_everything``.
     """
 
     monitor = "val/grad_norm_sq"
     monitor_mode = "min"
+    #: n, set by the method in ``__init__`` (the problem is built for it)
+    n_workers: int
 
     def __init__(self, lr: float, epsilon: float, divergence_bound: float, seed: int | None) -> None:
         super().__init__(metrics={k: WeightedMean() for k in METRICS})
@@ -55,14 +61,21 @@ class SimulatedServerTask(PaperTask, abstract=True):
         if not epsilon > 0:
             raise ConfigError(f"epsilon must be > 0, got {epsilon}")
         self.lr, self.epsilon, self.divergence_bound = lr, epsilon, divergence_bound
-        # torch.initial_seed() may be any 64-bit value (no seed_everything): fold it so 2 seed + 1 fits
-        self.seed = int(seed) if seed is not None else int(torch.initial_seed()) % 2**62
-        self.noise_gen = torch.Generator().manual_seed(2 * self.seed)
+        self.seed_arg = seed
+        # seeded at setup, once the run's seed is known (the CLI sets run_seed after __init__); a server built in
+        # __init__ keeps a reference to method_gen, so reseeding it in place reaches the server too
+        self.noise_gen = torch.Generator()
+        self.method_gen = torch.Generator()
         self.problem: Any = None
         self.server: Any = None
         self.diverged = False
         self._cache: tuple[int, dict[str, float]] | None = None
         self._pending_simulator: dict[str, Any] | None = None
+
+    @property
+    def seed(self) -> int:
+        """The simulation's seed: the ``seed`` argument, else the run's seed (read it from ``setup`` on)."""
+        return self.seed_or_run(self.seed_arg)
 
     # --- what a method provides ----------------------------------------------------------------------------
     @property
@@ -86,9 +99,11 @@ class SimulatedServerTask(PaperTask, abstract=True):
         if self.problem is not None:
             return
         dm = getattr(self.trainer, "datamodule", None)
-        if dm is None or not hasattr(dm, "build_problem"):
+        if not isinstance(dm, ProvidesProblem):
             raise ConfigError(f"{type(self).__name__} needs a problem DataModule: "
                               "data.class_path: datamodules.dist_problems.DistProblemDataModule")
+        self.noise_gen.manual_seed(2 * self.seed)
+        self.method_gen.manual_seed(2 * self.seed + 1)
         self.problem = dm.build_problem(self.n_workers)
         self.on_problem()
         x0 = self.problem.x0()

@@ -278,6 +278,47 @@ def test_module_rounds_equal_the_server_run_and_stop_at_the_target() -> None:
     assert float(problem.grad(x).pow(2).sum()) <= 1e-2
 
 
+@pytest.mark.parametrize("method,scalars", [
+    ("sgd", set()), ("sync_sgd", set()), ("randk_sync", {"k"}), ("rennala", set()), ("marina_p", {"broadcasts"}),
+    ("m4_inferred", {"m", "broadcasts"}), ("inkheart_inferred", {"t", "broadcasts"}),
+])
+def test_each_server_declares_the_scalars_it_reports(method: str, scalars: set[str]) -> None:
+    """What becomes ``train/server_<name>``: Rand-K's k = ceil(d / n), the broadcasts counted, m4's m, inkheart's t."""
+    problem = make_quadratic(4, dim=20, sigma=0.0)
+    server = build_server(method, 4, 20, generator=torch.Generator().manual_seed(8))
+    x = problem.x0()
+    for _ in range(6):
+        x, _ = server.step(x, 0.3, exact(problem))
+    got = server.scalars()
+    assert set(got) == scalars
+    if "k" in got:
+        assert got["k"] == 5.0
+    if "broadcasts" in got:
+        assert got["broadcasts"] == server.broadcasts
+    if "t" in got:
+        assert got["t"] == server.t
+
+
+def test_only_the_quadratic_gives_every_workers_gradient_in_one_call() -> None:
+    from datamodules.dist_problems import DigitsProblem
+    from modules.inkheart_sgd.task import ProvidesWorkerGrads
+
+    assert isinstance(make_quadratic(2, dim=4), ProvidesWorkerGrads)
+    assert not isinstance(DigitsProblem(2), ProvidesWorkerGrads)
+
+
+def test_a_datamodule_without_a_problem_is_a_one_line_error() -> None:
+    class NoProblem(L.LightningDataModule):
+        def train_dataloader(self):
+            return [torch.zeros(1)]
+
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(ConfigError, match="needs a problem DataModule: data.class_path: "
+                                          "datamodules.dist_problems.DistProblemDataModule"):
+        trainer.fit(CompressedDistributedSGD(n_workers=2), datamodule=NoProblem())
+
+
 @pytest.mark.parametrize("method", ["sgd", "sync_sgd", "randk_sync", "rennala", "marina_p", "m4_inferred",
                                     "inkheart_inferred"])
 def test_server_state_round_trips_mid_run(method: str) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import Logger
 
 from datamodules.dist_problems import DistProblemDataModule, make_quadratic
 from errors import ConfigError
@@ -219,6 +222,21 @@ def test_module_steps_are_server_updates_equal_to_the_functional_form() -> None:
     assert model.sim_clock()["seconds"] == pytest.approx(float(ref["clock"][-1]), rel=1e-12)
 
 
+def test_seed_none_is_the_run_seed_the_cli_sets_after_construction() -> None:
+    """seed None reads run_seed at setup (the CLI sets it after __init__): the same simulation as seed = run_seed,
+    another one for another run seed."""
+    def final(seed: int | None, run_seed: int) -> tuple[torch.Tensor, float]:
+        model = SimulatedDistributedSGD(n_workers=6, m=2, lr=0.4, seed=seed,
+                                        time_model=ComputeTimeModel("lognormal", sigma=1.0))
+        model.run_seed = run_seed
+        _fit_module(model, DistProblemDataModule(dim=10, sigma=0.5, steps_per_epoch=7), 5)
+        return model.x.detach().clone(), model.server.clock
+
+    (x3, t3), (x_run3, t_run3), (x_run4, t_run4) = final(3, 0), final(None, 3), final(None, 4)
+    assert torch.equal(x3, x_run3) and t3 == t_run3
+    assert not torch.equal(x3, x_run4) and t3 != t_run4
+
+
 def test_simulated_clock_logs_the_first_hitting_time_and_stops() -> None:
     from callbacks.simulated_clock import SimulatedClock
 
@@ -233,6 +251,77 @@ def test_simulated_clock_logs_the_first_hitting_time_and_stops() -> None:
     assert clock.reached_step == k_hit == trainer.global_step  # stopped there
     assert clock.reached_at == pytest.approx(model.server.clock)
     assert trainer.callback_metrics["train/time_to_target"] == pytest.approx(model.server.clock)
+
+
+class _Capture(Logger):
+    """Every ``log_metrics`` call, in memory."""
+
+    name, version = "capture", "0"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[tuple[int | None, dict[str, float]]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.logged.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def train_values(self, step: int) -> dict[str, float]:
+        return {k: v for s, m in self.logged if s == step for k, v in m.items() if k.startswith("train/")}
+
+
+def test_the_step_loader_resumes_within_an_epoch() -> None:
+    """The train loader is resumable (so the CLI writes checkpoints within epochs): after a checkpoint at batch 3
+    of epoch 1 it yields batches 3.. of that epoch, and whole epochs after it."""
+    loader = DistProblemDataModule(steps_per_epoch=6).train_dataloader()
+    loader.sampler.set_epoch(1)
+    it = iter(loader)
+    [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    assert state == {"epoch": 1, "consumed": 3}
+    fresh = DistProblemDataModule(steps_per_epoch=6).train_dataloader()
+    fresh.load_state_dict(state)
+    fresh.sampler.set_epoch(1)
+    assert [int(b) for b in fresh] == [3, 4, 5]
+    fresh.sampler.set_epoch(2)
+    assert [int(b) for b in fresh] == list(range(6))
+
+
+@pytest.mark.parametrize("method", ["msync", "rennala"])
+def test_a_resume_within_an_epoch_logs_the_epoch_values_of_an_uninterrupted_run(method: str, tmp_path: Path) -> None:
+    """Epochs of 10 server updates; a checkpoint at update 15, in the middle of the second epoch. A fresh module
+    and trainer resumed from it log the same train/* values at the end of that epoch (update 20) as the run that
+    went straight through: the epoch's training-metric state (train/loss averages updates 11..20, 5 of them
+    before the checkpoint) and the simulator (clock, jobs, noise and time streams) both travel in it."""
+
+    def fit(ckpt_path: str | None = None, checkpoint_every: int = 0) -> tuple[_Capture, SimulatedDistributedSGD]:
+        dm = DistProblemDataModule(dim=10, sigma=0.5, steps_per_epoch=10)
+        model = SimulatedDistributedSGD(n_workers=6, m=2, method=method, lr=0.4, seed=3,
+                                        time_model=ComputeTimeModel("lognormal", sigma=1.0))
+        logger = _Capture()
+        saves = [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=checkpoint_every, save_top_k=-1)]
+        trainer = L.Trainer(max_steps=20, max_epochs=-1, accelerator="cpu", devices=1, logger=logger,
+                            callbacks=saves if checkpoint_every else [], enable_checkpointing=bool(checkpoint_every),
+                            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                            limit_val_batches=0)
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+        return logger, model
+
+    straight, straight_model = fit(checkpoint_every=15)
+    (ckpt,) = tmp_path.glob("*.ckpt")
+    assert torch.load(ckpt, weights_only=False)["global_step"] == 15
+    resumed, resumed_model = fit(ckpt_path=str(ckpt))
+    assert resumed_model.server.stats.updates == 20
+    assert torch.equal(resumed_model.x.detach(), straight_model.x.detach())
+    expected = straight.train_values(20)
+    assert {"train/loss", "train/sim_seconds", "train/updates", "train/dropped_share"} <= set(expected)
+    assert straight.train_values(10) != expected  # the epochs differ: the comparison can tell them apart
+    got = resumed.train_values(20)
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-12, abs=0), key
 
 
 def test_divergence_stops_the_run_without_a_nonfinite_point() -> None:
