@@ -7,7 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from datamodules.base import PaperlabDataModule
+from errors import PaperlabError
+from lightning_cli import PaperlabCLI
 from main import cli_main
+from modules.base import PaperTask
 from tests.helpers import REPO, TINY, client, runs_of
 
 EXPERIMENT_CONFIGS = sorted(
@@ -23,26 +27,65 @@ def test_every_experiment_config_has_an_explicit_integer_seed() -> None:
         assert isinstance(seed, int) and not isinstance(seed, bool), f"{path}: seed_everything must be an int"
 
 
-# Configs whose tiny fit is dominated by work the budget cannot shrink run in the slow suite only; a sibling
-# config covers their module in the default suite.
-SLOW_CONFIGS = {
-    "causal_pieces/yinyang_lif",  # LIF piece counts over the whole 5000-sample split at init and end (~12 s)
-}
+HUB_HINT = "Use the embedded default instead"
 
 
-def _config_param(path: Path):
-    key = f"{path.parent.name}/{path.stem}"
-    return pytest.param(path, id=key, marks=[pytest.mark.slow] if key in SLOW_CONFIGS else [])
+def _config_id(path: Path) -> str:
+    return f"{path.parent.name}/{path.stem}"
 
 
-@pytest.mark.parametrize("config", [_config_param(p) for p in EXPERIMENT_CONFIGS])
+@pytest.mark.parametrize("config", EXPERIMENT_CONFIGS, ids=_config_id)
+def test_config_builds(config: Path, paperlab_tmp: Path) -> None:
+    """The default suite's check of every experiment config: parsed, model and DataModule built (sizes linked),
+    the training split set up and its first batch drawn; no fit (each method's smoke fit is below, every
+    config's tiny fit in the slow suite). A paper-scale config fails offline with the one-line hint only."""
+    try:
+        cli = PaperlabCLI(args=["--config", str(config), *TINY], run=False)
+        data = cli.datamodule
+        data.trainer = cli.trainer  # what a fit attaches: the loaders shard by its world size
+        data.setup("fit")
+        next(iter(data.train_dataloader()))
+    except PaperlabError as err:
+        assert HUB_HINT in str(err), str(err)
+        return
+    assert isinstance(cli.model, PaperTask) and isinstance(data, PaperlabDataModule)
+
+
+def _default_config(method: str) -> Path:
+    """The method's default experiment: ``default_config`` of its docs page's front matter, else its first
+    experiment config."""
+    page = REPO / "docs" / "papers" / f"{method}.md"
+    text = page.read_text() if page.is_file() else ""
+    if text.startswith("---"):
+        front = yaml.safe_load(text.split("---", 2)[1]) or {}
+        if front.get("default_config"):
+            return REPO / front["default_config"]
+    return next(c for c in EXPERIMENT_CONFIGS if c.parent.name == method)
+
+
+SMOKE_CONFIGS = [_default_config(m) for m in sorted({c.parent.name for c in EXPERIMENT_CONFIGS})]
+
+
+@pytest.mark.parametrize("config", SMOKE_CONFIGS, ids=_config_id)
+def test_smoke_fit_then_test(config: Path, paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
+    """Each method's one CLI fit + test in the default suite, on its default config at the tiny budget."""
+    _fit_then_test(config, paperlab_tmp, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", EXPERIMENT_CONFIGS, ids=_config_id)
 def test_fit_then_test_from_config(config: Path, paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
+    """Every experiment config's tiny fit and test (the slow suite)."""
+    _fit_then_test(config, paperlab_tmp, capsys)
+
+
+def _fit_then_test(config: Path, paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
     name = ["--run.name", config.stem]  # TINY's overrides would otherwise name the run (test_run_names)
     rc = cli_main(["fit", "--config", str(config), *TINY, *name])
     if rc != 0:
         # Paper-scale configs read hub data: offline they must fail with the one-line hint, nothing else.
         err = capsys.readouterr().err
-        assert "Use the embedded default instead" in err, err[-2000:]
+        assert HUB_HINT in err, err[-2000:]
         return
     method = config.parent.name
     ckpt_dir = paperlab_tmp / "checkpoints" / method / config.stem
