@@ -3,9 +3,11 @@
     python main.py {fit,validate,test,predict} --config configs/<method>/<experiment>.yaml [--key value ...]
     python main.py sweep --config configs/<method>/<study>_sweep.yaml
     python main.py compare --experiment <method> --sweep <study> --metric test/acc --by <key>
+    python main.py papers [--write]
 
 The training subcommands are LightningCLI (``lightning_cli.PaperlabCLI``); ``sweep`` and ``compare`` are
-``sweeps.cli`` and start without importing torch or Lightning. User errors (``errors.PaperlabError``) are
+``sweeps.cli`` and start without importing torch or Lightning; so does ``papers`` (``sweeps.papers``), which
+prints the README's methods table from the pages' front matter. User errors (``errors.PaperlabError``) are
 one ``error:`` line and a non-zero exit code, never a traceback.
 """
 
@@ -23,6 +25,7 @@ training (LightningCLI; python main.py <command> --help lists every option):
 studies:
   sweep      run a sweep file's points as child runs of one MLflow run (docs/sweeps.md)
   compare    compare runs over seeds: table, figure, CSV
+  papers     the README's methods table from docs/papers/*.md front matter (--write rewrites it)
 
 example: python main.py fit --config configs/mlp_classifier/yinyang.yaml"""
 
@@ -34,6 +37,10 @@ def cli_main(args: list[str] | None = None) -> int:
         from sweeps.cli import main as sweeps_main
 
         return sweeps_main(argv)
+    if argv and argv[0] == "papers":
+        from sweeps.papers import main as papers_main
+
+        return papers_main(argv[1:])
     if not argv or argv[0] in ("-h", "--help") and len(argv) == 1:
         print(USAGE, file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
