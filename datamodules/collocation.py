@@ -19,8 +19,14 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from datamodules.base import BatchedTensorLoader, PaperlabDataModule
+from datamodules.base import BatchedTensorLoader, PaperlabDataModule, ResumableLoader
 from errors import ConfigError
+
+
+def check_box(low: float, high: float) -> None:
+    """``[low, high]`` is a finite interval with ``low < high``, or a ``ConfigError`` says so."""
+    if not (math.isfinite(low) and math.isfinite(high)) or high <= low:
+        raise ConfigError(f"the collocation domain needs finite low < high, got [{low}, {high}]")
 
 
 class CollocationSampler:
@@ -38,8 +44,7 @@ class CollocationSampler:
                  dtype: torch.dtype = torch.float32) -> None:
         if n <= 0 or dim <= 0:
             raise ConfigError(f"the collocation sampler needs n > 0 points and dim > 0, got n={n}, dim={dim}")
-        if not (math.isfinite(low) and math.isfinite(high)) or high <= low:
-            raise ConfigError(f"the collocation domain needs finite low < high, got [{low}, {high}]")
+        check_box(low, high)
         self.n, self.low, self.high, self.dim, self.seed, self.dtype = n, low, high, dim, seed, dtype
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -59,37 +64,31 @@ def uniform_grid(n: int, low: float = -1.0, high: float = 1.0, dtype: torch.dtyp
     return torch.linspace(low, high, n, dtype=torch.float64).to(dtype)[:, None]
 
 
-class _SetEpoch:
-    """What Lightning's ``_set_sampler_epoch`` looks for (``loader.sampler.set_epoch``)."""
+class FreshPointsLoader(ResumableLoader):
+    """``steps`` batches of fresh uniform points per epoch, ``(x,)`` with ``x (n / world, dim)`` on each rank.
 
-    def __init__(self, loader: FreshPointsLoader) -> None:
-        self._loader = loader
-
-    def set_epoch(self, epoch: int) -> None:
-        self._loader.epoch = epoch
-
-
-class FreshPointsLoader:
-    """``steps`` batches of fresh uniform points per epoch, ``(x,)`` with ``x (n / world, dim)`` on each rank."""
+    The epoch's stream restarts from ``(seed, epoch)`` (``CollocationSampler.reseed``), so it is a pure function
+    of the two; a mid-epoch resume draws the batches it skips and drops them, which puts the generator where
+    the interrupted run had it.
+    """
 
     def __init__(self, points: CollocationSampler, steps: int, rank: int = 0, world_size: int = 1) -> None:
         if steps <= 0:
             raise ConfigError(f"steps_per_epoch must be positive, got {steps}")
         if points.n < world_size:
             raise ConfigError(f"n_collocation={points.n} is smaller than the number of processes ({world_size})")
+        super().__init__()
         self.points, self.steps, self.rank, self.world_size = points, steps, rank, world_size
-        self.epoch = 0
-        self.sampler = _SetEpoch(self)  # Lightning calls loader.sampler.set_epoch(epoch)
-        self.batch_sampler = None  # Lightning's loader inspection reads it
 
     def __len__(self) -> int:
         return self.steps
 
-    def __iter__(self) -> Iterator[tuple[Tensor]]:
+    def batches(self, skip: int = 0) -> Iterator[tuple[Tensor]]:
         self.points.reseed(self.epoch)
-        for _ in range(self.steps):
-            x = self.points()
-            yield (x[self.rank :: self.world_size] if self.world_size > 1 else x,)
+        for i in range(self.steps):
+            x = self.points()  # drawn also when skipped: the later batches depend on every earlier draw
+            if i >= skip:
+                yield (x[self.rank :: self.world_size] if self.world_size > 1 else x,)
 
 
 class CollocationDataModule(PaperlabDataModule):
@@ -101,7 +100,8 @@ class CollocationDataModule(PaperlabDataModule):
         steps_per_epoch: training steps per epoch (one validation per epoch).
         low, high: the interval.
         eval_batch_size: grid points per evaluation batch.
-        seed: seed of the point stream (default: the run's ``seed_everything``, so seeds replicate the points too).
+        seed: seed of the point stream; None (default): the run's seed (``seed_everything``), so seeds replicate
+            the points too.
     """
 
     dataset_name = "collocation"
@@ -113,11 +113,16 @@ class CollocationDataModule(PaperlabDataModule):
             raise ConfigError(f"n_collocation and eval_batch_size must be positive, got {n_collocation}, {eval_batch_size}")
         if steps_per_epoch <= 0:
             raise ConfigError(f"steps_per_epoch must be positive, got {steps_per_epoch}")
-        seed = int(torch.initial_seed()) % (2**31) if seed is None else seed
-        self.sampler = CollocationSampler(n_collocation, low, high, dim=1, seed=seed)  # checks the interval
+        check_box(low, high)
         self.grid = uniform_grid(n_eval, low, high)
         self.n_collocation, self.n_eval, self.steps_per_epoch = n_collocation, n_eval, steps_per_epoch
-        self.low, self.high, self.eval_batch_size, self.seed = low, high, eval_batch_size, seed
+        self.low, self.high, self.eval_batch_size, self.fixed_seed = low, high, eval_batch_size, seed
+
+    @property
+    def seed(self) -> int:
+        """The point stream's seed: ``seed``, else the run's seed (read when the loader is built, after the CLI
+        has set it)."""
+        return self.seed_or_run(self.fixed_seed)
 
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer
@@ -125,7 +130,8 @@ class CollocationDataModule(PaperlabDataModule):
 
     def train_dataloader(self) -> FreshPointsLoader:
         rank, world = self._world()
-        return FreshPointsLoader(self.sampler, self.steps_per_epoch, rank, world)
+        points = CollocationSampler(self.n_collocation, self.low, self.high, dim=1, seed=self.seed)
+        return FreshPointsLoader(points, self.steps_per_epoch, rank, world)
 
     def _grid_loader(self) -> BatchedTensorLoader:
         rank, world = self._world()

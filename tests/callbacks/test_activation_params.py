@@ -3,6 +3,8 @@ declare, errors, figure."""
 
 from __future__ import annotations
 
+import functools
+
 import lightning as L
 import pytest
 import torch
@@ -12,12 +14,13 @@ from callbacks.diagnostic import Schedule
 from datamodules.collocation import CollocationDataModule
 from errors import ConfigError
 from modules.components.activations import CauchyAct, GaussianAct
-from modules.components.local_basis import AdaptiveNodes, CauchyNodes, NodeState
+from modules.components.local_basis import AdaptiveNodes, CauchyNodes, NodeState, ResidualCAN
+from modules.components.mlp import MLP
 from modules.residual_can import CauchyPINN
 
 
 def test_values_are_the_parameters():
-    m = CauchyPINN(width=4, depth=2, n_nodes=8)
+    m = CauchyPINN(net=functools.partial(ResidualCAN, width=4, depth=2, n_nodes=8))
     with torch.no_grad():
         m.net.main.layers[1].lambda1.fill_(0.25)
         m.net.residual.logits.copy_(torch.log(torch.tensor([4.0, 1, 1, 1, 1, 1, 1, 1])))
@@ -34,7 +37,7 @@ def test_values_are_the_parameters():
 
 def test_training_logs_changes_and_a_figure(tmp_path):
     torch.manual_seed(0)
-    m = CauchyPINN(width=8, depth=1, n_nodes=8)
+    m = CauchyPINN(net=functools.partial(ResidualCAN, width=8, depth=1, n_nodes=8))
     tracker = ActivationParamTracker(schedule=Schedule(every_n_steps=2))
     trainer = L.Trainer(max_epochs=1, limit_train_batches=4, limit_val_batches=0, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[tracker], default_root_dir=tmp_path)
@@ -52,7 +55,7 @@ def test_training_logs_changes_and_a_figure(tmp_path):
 
 
 def test_a_model_without_cauchy_parts_is_refused_or_skipped(tmp_path):
-    m = CauchyPINN(arch="mlp", activation="silu", width=4, depth=1)
+    m = CauchyPINN(net=functools.partial(MLP, activation="silu", hidden=[4]))
     dm = CollocationDataModule(n_collocation=16, steps_per_epoch=1)
 
     def fit(tracker):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -12,7 +13,7 @@ from callbacks.diagnostic import Moment
 from callbacks.kernel_shape import KernelShape, fit_lines, log_spaced_lags, shape_stats
 from errors import ConfigError
 from modules.components.ssm import frac_kernel_weights, log_spaced_rates
-from modules.frac_ssm import FracSSMLM
+from modules.frac_ssm import FracSSMLM, FracSSMNet
 
 
 def test_fit_lines_recovers_slopes_exactly() -> None:
@@ -52,7 +53,7 @@ def test_the_frac_mode_sum_is_straight_in_log_log() -> None:
 @pytest.mark.parametrize("kernel", ["frac", "exp"])
 def test_measure_on_a_model(kernel: str) -> None:
     torch.manual_seed(0)
-    model = FracSSMLM(d_model=8, n_layers=2, kernel=kernel)
+    model = FracSSMLM(net=functools.partial(FracSSMNet, d_model=8, n_layers=2, kernel=kernel))
     batch = (torch.randint(0, 64, (3, 120)), torch.full((3, 120), -100), torch.zeros(3, 120, dtype=torch.long))
     diag = KernelShape(t_min=2, t_max=1000)
     out = diag.measure(None, model, Moment("validation", 5, 0, batch))

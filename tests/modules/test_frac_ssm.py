@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import torch
 
 from errors import ConfigError
 from modules.components.ssm import log_cell_widths, log_spaced_rates, selective_scan
-from modules.frac_ssm import FracSSMLM, FracSSMRegressor, frac_kernel_weights, frac_selective_scan
+from modules.frac_ssm import FracSSMLM, FracSSMNet, FracSSMRegressor, frac_kernel_weights, frac_selective_scan
 
 F64 = torch.float64
 
@@ -202,12 +203,17 @@ def test_scan_refuses_shape_mismatches_and_bad_rates() -> None:
 
 
 # --- the model -------------------------------------------------------------------------------------------------
+def lm(vocab_size: int = 64, **net_args) -> FracSSMLM:
+    """``FracSSMLM`` on a ``FracSSMNet`` with ``net_args`` (the config's ``model.init_args.net.init_args``)."""
+    return FracSSMLM(net=functools.partial(FracSSMNet, **net_args), vocab_size=vocab_size)
+
+
 @pytest.mark.parametrize("kernel", ["frac", "exp"])
 def test_decode_equals_prefill(kernel: str) -> None:
     """Token-by-token decoding with the bounded state gives the parallel forward's logits, also when the
     first tokens are prefilled by the scan."""
     torch.manual_seed(0)
-    m = FracSSMLM(d_model=16, n_layers=2, d_state=4, n_modes=4, kernel=kernel, vocab_size=11, chunk_size=8).double()
+    m = lm(d_model=16, n_layers=2, d_state=4, n_modes=4, kernel=kernel, vocab_size=11, chunk_size=8).double()
     m.eval()
     tokens = torch.randint(0, 11, (2, 45))
     with torch.no_grad():
@@ -219,29 +225,29 @@ def test_decode_equals_prefill(kernel: str) -> None:
 
 def test_equal_state_and_parameter_counts() -> None:
     """kernel='exp' keeps the state size (one mode of N K states) and has more parameters (wider B, C)."""
-    frac = FracSSMLM(d_model=32, n_layers=2, kernel="frac")
-    exp = FracSSMLM(d_model=32, n_layers=2, kernel="exp")
-    for bf, be in zip(frac.backbone.blocks, exp.backbone.blocks):
+    frac = lm(d_model=32, n_layers=2, kernel="frac")
+    exp = lm(d_model=32, n_layers=2, kernel="exp")
+    for bf, be in zip(frac.net.backbone.blocks, exp.net.backbone.blocks):
         assert bf.init_state(1)["ssm"].numel() == be.init_state(1)["ssm"].numel() == 64 * 16 * 8
         assert be.n_modes == 1 and bf.n_modes == 8
     assert sum(p.numel() for p in exp.parameters()) > sum(p.numel() for p in frac.parameters())
 
 
 def test_alpha_is_a_learned_sigmoid_per_channel() -> None:
-    m = FracSSMLM(d_model=8, n_layers=1, alpha_init=0.3)
+    m = lm(d_model=8, n_layers=1, alpha_init=0.3)
     (a,) = m.alphas()
     assert a.shape == (16,) and torch.allclose(a, torch.full((16,), 0.3))
     out = m.step((torch.randint(0, 64, (2, 20)), torch.randint(0, 64, (2, 20)),
                   torch.randint(1, 9, (2, 20))), "train")
     out.loss.backward()
-    assert m.backbone.blocks[0].alpha_raw.grad.abs().sum() > 0
-    assert FracSSMLM(d_model=8, n_layers=1, kernel="exp").alphas() == []
+    assert m.net.backbone.blocks[0].alpha_raw.grad.abs().sum() > 0
+    assert lm(d_model=8, n_layers=1, kernel="exp").alphas() == []
 
 
 def test_memory_kernel_of_a_constant_step_is_the_mode_sum() -> None:
     """With Delta constant the realised kernel is sum_k w_k exp(-s_k lambda Delta t)."""
-    m = FracSSMLM(d_model=8, n_layers=1, n_modes=8)
-    block = m.backbone.blocks[0]
+    m = lm(d_model=8, n_layers=1, n_modes=8)
+    block = m.net.backbone.blocks[0]
     delta = torch.full((3, 50, 16), 0.2)
     lk = block.log_memory_kernel(delta)
     t = torch.arange(1, 50, dtype=F64)
@@ -252,16 +258,16 @@ def test_memory_kernel_of_a_constant_step_is_the_mode_sum() -> None:
 
 def test_model_refuses_bad_configurations() -> None:
     with pytest.raises(ConfigError, match="n_modes >= 2"):
-        FracSSMLM(n_modes=1)
+        lm(n_modes=1)
     with pytest.raises(ConfigError, match="alpha_init"):
-        FracSSMLM(d_model=8, n_layers=1, alpha_init=1.0)
+        lm(d_model=8, n_layers=1, alpha_init=1.0)
     with pytest.raises(ConfigError, match="kernel must be one of"):
-        FracSSMLM(kernel="gauss")
-    m = FracSSMLM(d_model=8, n_layers=1, vocab_size=10)
+        lm(kernel="gauss")
+    m = lm(d_model=8, n_layers=1, vocab_size=10)
     with pytest.raises(ConfigError, match="vocab_size does not match"):
         m(torch.full((1, 5), 12))
     with pytest.raises(ConfigError, match="series must be"):
-        FracSSMRegressor(d_model=8, n_layers=1, input_shape=(20, 1))(torch.randn(2, 20, 3))
+        FracSSMRegressor(net=functools.partial(FracSSMNet, d_model=8, n_layers=1), input_shape=(20, 1))(torch.randn(2, 20, 3))
 
 
 # --- through the CLI -------------------------------------------------------------------------------------------
@@ -271,7 +277,7 @@ def test_fit_and_test_through_the_cli(paperlab_tmp: Path) -> None:
     from tests.helpers import REPO, TINY, runs_of
 
     small = ["--data.init_args.seq_len", "300", "--data.init_args.max_lag", "256", "--data.init_args.n_train", "64",
-             "--data.init_args.n_val", "16", "--data.init_args.n_test", "16", "--model.init_args.d_model", "16"]
+             "--data.init_args.n_val", "16", "--data.init_args.n_test", "16", "--model.init_args.net.init_args.d_model", "16"]
     config = str(REPO / "configs/frac_ssm/recall_frac.yaml")
     assert cli_main(["fit", "--config", config, *TINY, *small]) == 0
     assert cli_main(["test", "--config", config, *TINY, *small, "--ckpt_path", "last"]) == 0
@@ -279,7 +285,7 @@ def test_fit_and_test_through_the_cli(paperlab_tmp: Path) -> None:
     metrics = run.data.metrics
     assert {"test/acc", "test/acc_lag1_32", "test/acc_lag32_256", "test/acc_lag256_1024"} <= set(metrics)
     assert {"diag/kernel_shape/loglog_r2", "diag/kernel_shape/semilog_r2", "train/alpha_mean"} <= set(metrics)
-    assert run.data.params["model.init_args.kernel"] == "frac"
+    assert run.data.params["model.init_args.net.init_args.kernel"] == "frac"
 
 
 # --- the claims (the claim budgets of configs/frac_ssm/: 3 seeds per arm; recall 600 / 1800, ARFIMA 200 steps) ---

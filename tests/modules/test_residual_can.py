@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import yaml
 from datamodules.gmm_score import mixture_params, ou_mixture_score
 from errors import ConfigError
 from main import cli_main
-from modules.components.local_basis import CauchyAct, CauchyNodes
+from modules.components.local_basis import RBFKAN, CauchyAct, CauchyNodes, ResidualCAN
 from modules.components.metrics import count_parameters
 from modules.components.mlp import MLP
 from modules.residual_can import (
@@ -22,7 +24,6 @@ from modules.residual_can import (
     FourierFeatureNet,
     SirenNet,
     allen_cahn_residual,
-    build_network,
     score_fp_residual,
 )
 from tests.helpers import REPO, TINY, runs_of
@@ -180,7 +181,7 @@ def test_score_fp_residual_rejects_bad_input():
 # --- networks and tasks -------------------------------------------------------------------------------------
 def test_residual_can_is_main_path_plus_softmax_weighted_cauchy_nodes():
     torch.manual_seed(0)
-    net = build_network("residual_can", 1, 1, width=16, depth=2, n_nodes=32)
+    net = CauchyPINN(net=functools.partial(ResidualCAN, width=16, depth=2, n_nodes=32)).net
     res = net.residual
     assert isinstance(res, CauchyNodes) and res.n_nodes == 32 and res.scale.item() == pytest.approx(0.1)
     assert torch.allclose(res.centres[:, 0], torch.linspace(-1, 1, 32))
@@ -197,9 +198,18 @@ def test_residual_can_is_main_path_plus_softmax_weighted_cauchy_nodes():
     assert all(isinstance(m, CauchyAct) for m in net.main.layers[1::2])
 
 
+ARCHS = {  # the task networks of the PINN comparisons, 2 hidden layers of 8
+    "mlp": functools.partial(MLP, activation="cauchy", hidden=[8, 8]),
+    "residual_can": functools.partial(ResidualCAN, activation="cauchy", width=8, depth=2),
+    "siren": functools.partial(SirenNet, width=8, depth=2),
+    "fourier": functools.partial(FourierFeatureNet, activation="tanh", width=8, depth=2),
+    "kan": functools.partial(RBFKAN, hidden=[8, 8]),
+}
+
+
 @pytest.mark.parametrize("arch", ["mlp", "residual_can", "siren", "fourier", "kan"])
 def test_every_arch_has_a_second_derivative(arch):
-    m = CauchyPINN(arch=arch, activation="tanh" if arch == "fourier" else "cauchy", width=8, depth=2).double()
+    m = CauchyPINN(net=ARCHS[arch]).double()
     x = _points(16)
     r, bc = m.terms(x)
     assert r.shape == (16,) and bc.shape == (2,) and torch.isfinite(r).all()
@@ -222,14 +232,21 @@ def _config_model(name: str) -> dict:
     return yaml.safe_load((REPO / "configs/residual_can" / name).read_text())["model"]["init_args"]
 
 
+def _config_net(name: str) -> tuple[str, dict, functools.partial]:
+    """The config's ``model.init_args.net``: its class path, its init_args and the factory they make."""
+    net = _config_model(name)["net"]
+    module, cls = net["class_path"].rsplit(".", 1)
+    args = net.get("init_args", {})
+    return net["class_path"], args, functools.partial(getattr(importlib.import_module(module), cls), **args)
+
+
 def test_residual_can_and_the_silu_mlp_of_the_configs_are_within_ten_percent_parameters():
-    rcan_args = _config_model("allen_cahn.yaml")
-    silu_args = _config_model("allen_cahn_silu.yaml")
-    keys = ("arch", "activation", "residual_basis", "width", "depth", "n_nodes")
-    rcan = CauchyPINN(**{k: v for k, v in rcan_args.items() if k in keys})
-    silu = CauchyPINN(**{k: v for k, v in silu_args.items() if k in keys})
-    assert silu_args["arch"] == "mlp" and silu_args["activation"] == "silu"
-    assert rcan_args["arch"] == "residual_can" and rcan_args.get("residual_basis", "cauchy") == "cauchy"
+    rcan_path, rcan_args, rcan_net = _config_net("allen_cahn.yaml")
+    silu_path, silu_args, silu_net = _config_net("allen_cahn_silu.yaml")
+    rcan = CauchyPINN(net=rcan_net)
+    silu = CauchyPINN(net=silu_net)
+    assert silu_path == "modules.components.mlp.MLP" and silu_args["activation"] == "silu"
+    assert rcan_path == "modules.components.local_basis.ResidualCAN" and rcan_args.get("basis", "cauchy") == "cauchy"
     n_r, n_s = count_parameters(rcan.net), count_parameters(silu.net)
     assert abs(n_r - n_s) <= 0.1 * n_s, (n_r, n_s)
 
@@ -241,7 +258,7 @@ def test_pinn_step_metrics_on_the_exact_solution():
         def forward(self, x):
             return torch.tanh(x / (math.sqrt(2) * 0.3))
 
-    m = CauchyPINN(eps=0.3, width=4, depth=1).double()
+    m = CauchyPINN(eps=0.3, net=functools.partial(ResidualCAN, width=4, depth=1)).double()
     m.net = Exact()
     x = torch.linspace(-1, 1, 101, dtype=torch.float64)[:, None]
     out = m.step((x,), "test")
@@ -277,24 +294,29 @@ def test_score_net_losses_at_the_exact_score():
     assert abs(per_point.mean()) < 4 * per_point.std() / n**0.5
 
 
-def test_bad_arguments_are_one_line_errors():
+def test_bad_arguments_are_one_line_errors(capsys: pytest.CaptureFixture):
     with pytest.raises(ConfigError, match="eps"):
         CauchyPINN(eps=0.0)
     with pytest.raises(ConfigError, match="eps"):
         CauchyPINN(eps=-1.0, pde="burgers")
-    with pytest.raises(ConfigError, match="arch must be one of"):
-        CauchyPINN(arch="transformer")
+    # the network is a class path (it was an `arch` name): an unknown one is a one-line error of the command line
+    config = str(REPO / "configs/residual_can/allen_cahn.yaml")
+    assert cli_main(["fit", "--config", config, "--model.init_args.net", "modules.nowhere.Transformer",
+                     "--print_config"]) == 2
+    assert "modules.nowhere.Transformer: no such class" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="loss must be one of"):
         CauchyPINN(loss="l3")
     with pytest.raises(ConfigError, match="pde must be one of"):
         CauchyPINN(pde="heat")
-    with pytest.raises(ConfigError, match="activation must be one of"):
-        CauchyScoreNet(activation="swish")
+    with pytest.raises(ConfigError, match="activation 'swish'; choose one of"):  # the net's activation
+        CauchyScoreNet(net=functools.partial(MLP, activation="swish"))
     with pytest.raises(ConfigError, match="t_min < t_max"):
         CauchyScoreNet(t_min=1.0, t_max=0.5)
     with pytest.raises(ConfigError, match="loss_scale"):
         CauchyPINN(loss="cauchy", loss_scale=0.0)
-    m = CauchyPINN(width=4, depth=1)
+    with pytest.raises(ConfigError, match="1-D problems"):
+        CauchyPINN(input_shape=(2,))
+    m = CauchyPINN(net=functools.partial(ResidualCAN, width=4, depth=1))
     x = _points(8, dtype=torch.float32)
     x[0] = float("inf")
     with pytest.raises(ConfigError, match="NaN or infinite"):

@@ -44,9 +44,10 @@ def welch_t(a: Stat, b: Stat) -> float:
 
 
 # --- claims 1-2: ResidualCAN vs the SiLU MLP, and the ablation --------------------------------------------------
-ABL_BY = ["model.arch", "model.activation", "model.residual_basis"]
-RCAN, SILU = ("residual_can", "cauchy", "cauchy"), ("mlp", "silu", "none")
-CAUCHY_MLP, GAUSS = ("mlp", "cauchy", "none"), ("residual_can", "cauchy", "gaussian")
+ABL_BY = ["model.net.class_path", "model.net.activation", "model.net.basis"]
+_RCAN_NET, _MLP_NET = "modules.components.local_basis.ResidualCAN", "modules.components.mlp.MLP"
+RCAN, SILU = (_RCAN_NET, "cauchy", "cauchy"), (_MLP_NET, "silu", "None")  # an MLP has no basis: "None"
+CAUCHY_MLP, GAUSS = (_MLP_NET, "cauchy", "None"), (_RCAN_NET, "cauchy", "gaussian")
 
 
 def ablation_gains(means: dict[tuple[str, ...], Stat]) -> dict[str, float]:
@@ -110,7 +111,7 @@ def test_claims_1_2_ablation(paperlab_tmp: Path, sweep: str, check_as_found) -> 
 
 
 # --- claim 3: the loss-activation factorial at the trapped eps ---------------------------------------------------
-FAC_BY = ["model.activation", "model.loss"]
+FAC_BY = ["model.net.activation", "model.loss"]
 ESCAPES = [("cauchy", "l1"), ("cauchy", "huber"), ("silu", "cauchy")]
 
 
@@ -140,7 +141,7 @@ def test_claim_3_factorial(paperlab_tmp: Path):
 
 
 # --- claim 4: Cauchy beats SiLU under the FP-PDE loss, not under DSM ------------------------------------------
-SCORE_BY = ["model.loss", "model.activation"]
+SCORE_BY = ["model.loss", "model.net.activation"]
 
 
 def check_score(means: dict[tuple[str, ...], Stat], t_crit: float = 4.303) -> None:
