@@ -90,7 +90,8 @@ class ActivationParamTracker(Diagnostic):
     def unsupported_reason(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str | None:
         if not shaped_layers(pl_module) and not node_layers(pl_module):
             return (f"ActivationParamTracker found no CauchyAct (no layer declaring shape_parameters) and no "
-                    f"local-basis residual in {type(pl_module).__name__} (use activation: cauchy or arch: residual_can)")
+                    f"local-basis residual in {type(pl_module).__name__} (use a net with activation: cauchy, or net: "
+                    "modules.components.local_basis.ResidualCAN)")
         return None
 
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, float]:
