@@ -40,14 +40,28 @@ def shipped_configs() -> str:
     return f"configs/<method>/ holds one YAML per experiment; methods: {', '.join(methods)}"
 
 
+_resolving = False  # set while _resolved_keys parses: a failure there must not ask for suggestions again
+
+
 def _resolved_keys(argv: list[str]) -> list[str]:
-    """Every option the command line takes for these configs: the resolved keys, full and short forms."""
-    keep = [a for i, a in enumerate(argv) if a == "--config" or (i and argv[i - 1] == "--config") or i == 0]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = run_training([*keep, "--print_config"])
-    if rc != 0:
+    """Every option the command line takes for these configs: the resolved keys, full and short forms. When
+    the configs together do not parse (the mistake is in one of them), the first config's keys."""
+    global _resolving
+    if _resolving:
         return []
+    configs = [a for i, a in enumerate(argv) if i and argv[i - 1] == "--config"]
+    _resolving = True
+    try:
+        for chosen in (configs, configs[:1]):
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                rc = run_training([argv[0], *(a for c in chosen for a in ("--config", c)), "--print_config"])
+            if rc == 0:
+                break
+        else:
+            return []
+    finally:
+        _resolving = False
     import yaml
 
     full = config_keys(yaml.safe_load(out.getvalue()) or {})
@@ -190,23 +204,29 @@ def _nested_class(raw: str, nested: tuple[str, str | None], argv: list[str]) -> 
     """``--model.net modules.components.mlp.MLPP: no such class; did you mean ...?`` and ``--model.net
     torch.optim.AdamW is not a Module``: the nested key itself, not ``--model``."""
     key, value = nested
-    not_a = _NOT_A_SUBCLASS.search(raw)
     typed = _as_typed(key, argv)
+    not_a = _NOT_A_SUBCLASS.search(raw)
     if not_a:
         given, base = not_a.groups()
         article = "an" if base[:1] in "AEIOU" else "a"
         takes = _TASK_NETWORK if key.rsplit(".", 1)[-1] == "net" else f"a subclass of {base}"
         return f"--{typed} {given} is not {article} {base}: --{typed} takes {takes}"
-    if not _NO_SUCH_CLASS.search(raw) or not value:
+    if not _NO_SUCH_CLASS.search(raw):
         return _wrong_type(raw, typed, value)
     # "Expected a dot import path string" is also what a float option says to a word: only a key whose
     # resolved value is a class (it has a class_path) is about a class
     if "has no attribute" not in raw and "No module named" not in raw and \
             f"{key}.class_path" not in _resolved_keys(argv):
         return _wrong_type(raw, typed, value)
-    close = _closest_class(value, key.split(".", 1)[0])
+    given = value
+    if given is None:  # from a config file: the class path as jsonargparse quotes it
+        quoted = re.search(r"Got value: Namespace\(class_path='([\w.]+)'|Got value: ([\w.]+)\.?$", raw, re.M)
+        given = next((g for g in quoted.groups() if g), None) if quoted else None
+    if not given:
+        return None
+    close = _closest_class(given, key.split(".", 1)[0])
     hint = f"; did you mean {close}?" if close else ""
-    return f"--{typed} {value}: no such class{hint}"
+    return f"--{typed} {given}: no such class{hint}"
 
 
 def _wrong_type(raw: str, typed: str, value: str | None) -> str | None:

@@ -110,6 +110,26 @@ def test_first_hour_mistakes_are_one_line_naming_the_option(
     assert runs_of("mlp_classifier") == []
 
 
+@pytest.mark.parametrize(
+    ("extra", "line"),
+    [
+        ({"model": {"init_args": {"lr": 0.01}}}, "unknown option(s): --model.lr (did you mean --model.optimizer.lr?)"),
+        ({"model": {"init_args": {"net": {"class_path": "modules.components.mlp.MLPP"}}}},
+         "--model.net modules.components.mlp.MLPP: no such class; did you mean modules.components.mlp.MLP?"),
+    ],
+    ids=["option-one-level-up", "nested-class-typo"],
+)
+def test_the_same_mistakes_in_a_config_file(extra: dict, line: str, paperlab_tmp: Path, capsys) -> None:
+    """In a second ``--config`` (the suggestions then come from the configs that parse)."""
+    mine = paperlab_tmp / "mine.yaml"
+    mine.write_text(yaml.safe_dump(extra))
+    assert cli_main(["fit", "--config", BASE, "--config", str(mine)]) == 2
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and line in errors[0], err
+    assert "Traceback" not in err
+
+
 def test_a_refused_optimizer_argument_is_named_also_for_a_task_built_in_python() -> None:
     from functools import partial
 

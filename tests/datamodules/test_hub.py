@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from datamodules.hub import is_cached
 from tests.helpers import REPO
 
 CONFIG = REPO / "configs/causal_pieces/fashion_mnist.yaml"
@@ -52,11 +55,31 @@ def test_unreachable_hub_fails_at_once_naming_the_embedded_default(paperlab_tmp:
     lines = proc.stderr.splitlines()
     timed = {ln.split()[0]: ln.split() for ln in lines if ln.startswith(("SETUP ", "FIT "))}
     assert set(timed) == {"SETUP", "FIT"}, proc.stderr[-3000:]
+    assert float(timed["SETUP"][1]) < 3.0, proc.stderr[-3000:]
+    assert float(timed["FIT"][1]) < 15.0, proc.stderr[-3000:]
     errors = [ln for ln in lines if ln.startswith("error: ")]
     assert timed["FIT"][3] == "1" and len(errors) == 1, proc.stderr[-3000:]
     assert f"the hub (http://127.0.0.1:{port}) does not answer" in errors[0]
     assert errors[0].endswith("Use the embedded default instead: configs/causal_pieces/digits.yaml (scikit-learn digits, "
                               "offline)"), errors[0]
     assert "Traceback" not in proc.stderr and "Retrying" not in proc.stderr
-    assert float(timed["SETUP"][1]) < 3.0, proc.stderr[-3000:]
-    assert float(timed["FIT"][1]) < 15.0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("hub_id", ["zalando-datasets/fashion_mnist", "nielsr/CelebA-faces", "tiny_shakespeare"])
+def test_a_cached_copy_is_recognised_as_datasets_recognises_it(hub_id: str, tmp_path: Path) -> None:
+    """A cached copy skips the probe (datasets falls back to it when the hub does not answer): ``is_cached``
+    agrees with datasets' own fallback, ``CachedDatasetModuleFactory``, before and after a copy exists."""
+    from datasets.load import CachedDatasetModuleFactory
+    from datasets.naming import camelcase_to_snakecase
+
+    def datasets_finds_it() -> bool:
+        try:
+            CachedDatasetModuleFactory(hub_id, cache_dir=str(tmp_path)).get_module()
+        except FileNotFoundError:
+            return False
+        return True
+
+    assert not is_cached(hub_id, tmp_path) and not datasets_finds_it()
+    *namespace, name = hub_id.split("/")
+    (tmp_path / "___".join([*namespace, camelcase_to_snakecase(name)]) / "default" / "0.0.0" / "0123abcd").mkdir(parents=True)
+    assert is_cached(hub_id, tmp_path) and datasets_finds_it()
