@@ -258,8 +258,12 @@ def _missing_file(raw: str, argv: list[str]) -> str | None:
     if missing is None:
         return None
     path = Path(missing).resolve()
-    wanted = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else \
-        "configs/" + missing.rpartition("configs/")[2] if "configs/" in missing else missing
+    if path.is_relative_to(REPO):
+        wanted = str(path.relative_to(REPO))
+    elif "configs/" in missing:  # given from another folder: compare from configs/ on
+        wanted = "configs/" + missing.rpartition("configs/")[2]
+    else:
+        wanted = missing
     close = difflib.get_close_matches(wanted, _config_files(match.group(1)), n=1, cutoff=0.75)
     if not close:
         hint = f" ({shipped_configs()})" if match.group(1) == "config" else ""
