@@ -21,7 +21,9 @@ The contract (``docs/design.md`` explains it with an example):
 
 from __future__ import annotations
 
+import functools
 import inspect
+import re
 import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, NamedTuple
@@ -120,6 +122,47 @@ def default_optimizer(params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
 
 
+#: how torch's optimizers and schedulers word an argument when they refuse it ("Invalid learning rate: -0.01",
+#: "Invalid beta parameter at index 0") -> the argument's name; a refusal that spells the name itself
+#: ("Invalid weight_decay value") needs no entry
+_ARGUMENT_WORDS: tuple[tuple[str, str], ...] = (
+    (r"learning rate", "lr"),
+    (r"\bbeta(s|[12]| parameter)?\b", "betas"),
+    (r"\bepsilon[12]?\b", "eps"),
+    (r"weight decay", "weight_decay"),
+    (r"\beta(s| values)\b", "etas"),
+    (r"multiplicative factor|\bfactor\b", "factor"),
+)
+
+
+def _factory_class(factory: Any) -> type | None:
+    """The class an optimizer or scheduler factory builds: the class itself, or a ``functools.partial`` of it
+    (how Python code and the CLI's factories hold one); None for a plain function or a lambda."""
+    if isinstance(factory, type):
+        return factory
+    if isinstance(factory, functools.partial):
+        if isinstance(factory.func, type):
+            return factory.func
+        return next((a for a in factory.args if isinstance(a, type)), None)
+    return None
+
+
+def refused_argument(factory: Any, message: str) -> str | None:
+    """The argument of ``factory``'s class that a refusal ``message`` is about, or None if it names none."""
+    cls = _factory_class(factory)
+    try:  # the first argument is the parameters (an optimizer) or the optimizer (a scheduler): not an option
+        names = list(inspect.signature(cls).parameters)[1:] if cls is not None else []
+    except (TypeError, ValueError):  # a signature Python cannot read: the wording alone decides
+        names = []
+    for word in re.findall(r"[A-Za-z_]\w*", message):
+        if word in names:
+            return word
+    for pattern, name in _ARGUMENT_WORDS:
+        if re.search(pattern, message, re.IGNORECASE) and (not names or name in names):
+            return name
+    return None
+
+
 class PaperTask(LightningModule):
     """Base of every method (see the module docstring).
 
@@ -210,15 +253,20 @@ class PaperTask(LightningModule):
 
     def _check_optimizer(self) -> None:
         """Build the optimizer and scheduler once on a dummy parameter, so that a bad learning rate fails
-        when the model is built, before a run is opened, in one line."""
+        when the model is built, before a run is opened, in one line naming the option to change."""
         probe = nn.Parameter(torch.zeros(1, 1))
+        key, factory = "optimizer", self.optimizer_factory
         try:
-            optimizer = self.optimizer_factory([probe])
+            optimizer = factory([probe])
             if self.lr_scheduler_factory is not None:
-                self.lr_scheduler_factory(optimizer)
+                key, factory = "lr_scheduler", self.lr_scheduler_factory
+                factory(optimizer)
         except (ValueError, TypeError) as err:
-            raise ConfigError(f"the optimizer or scheduler refuses its arguments: {err} (model.init_args.optimizer, "
-                              "model.init_args.lr_scheduler)") from None
+            what = "optimizer" if key == "optimizer" else "learning-rate scheduler"
+            arg = refused_argument(factory, str(err))
+            fix = (f"change --model.{key}.{arg} (model.init_args.{key}.init_args.{arg} in a config file)" if arg
+                   else f"change --model.{key} (model.init_args.{key} in a config file)")
+            raise ConfigError(f"the {what} refuses its arguments: {err}; {fix}") from None
 
     def _check_choices(self) -> None:
         """A ``Literal`` argument outside its choices fails here, also when the class is built in Python

@@ -48,6 +48,100 @@ def test_missing_config_file(paperlab_tmp: Path, capsys: pytest.CaptureFixture) 
     assert "missing.yaml" in err and "Traceback" not in err
 
 
+# The mistakes of a first hour with the project: each is one line that names the option to change and the fix.
+ONE_LINE = [
+    pytest.param(["--config", "configs/mlp_classifer/yinyang.yaml"],
+                 f"--config configs/mlp_classifer/yinyang.yaml: no such file; did you mean "
+                 f"{REPO / 'configs/mlp_classifier/yinyang.yaml'}?", 2, id="config-typo"),
+    pytest.param(["--config", BASE, "--trainer", "configs/trainer/cpuu.yaml"],
+                 f"--trainer configs/trainer/cpuu.yaml: no such file; did you mean {REPO / 'configs/trainer/cpu.yaml'}?",
+                 2, id="trainer-preset-typo"),
+    pytest.param(["--config", BASE, "--model.optimizer.lr", "-0.01"],
+                 "the optimizer refuses its arguments: Invalid learning rate: -0.01; change --model.optimizer.lr "
+                 "(model.init_args.optimizer.init_args.lr in a config file)", 2, id="negative-lr"),
+    pytest.param(["--config", BASE, "--model.init_args.optimizer.init_args.lr", "-0.01"],
+                 "Invalid learning rate: -0.01; change --model.optimizer.lr", 2, id="negative-lr-full-form"),
+    pytest.param(["--config", BASE, "--model.optimizer.betas", "[2.0, 0.9]"],
+                 "Invalid beta parameter at index 0: 2.0; change --model.optimizer.betas", 2, id="bad-beta"),
+    pytest.param(["--config", BASE, "--model.optimizer", "torch.optim.SGD", "--model.optimizer.momentum", "-1"],
+                 "Invalid momentum value: -1.0; change --model.optimizer.momentum", 2, id="bad-momentum"),
+    pytest.param(["--config", BASE, "--model.lr_scheduler", "torch.optim.lr_scheduler.OneCycleLR",
+                  "--model.lr_scheduler.max_lr", "0.1"],
+                 "the learning-rate scheduler refuses its arguments: You must define either total_steps OR (epochs "
+                 "AND steps_per_epoch); change --model.lr_scheduler.total_steps", 2, id="scheduler-without-steps"),
+    pytest.param(["--config", BASE, "--model.lr", "0.01"],
+                 "unknown option(s): --model.lr (did you mean --model.optimizer.lr?)", 2, id="lr-one-level-up"),
+    pytest.param(["--config", BASE, "--model.init_args.lr", "0.01"],
+                 "unknown option(s): --model.init_args.lr (did you mean --model.init_args.optimizer.init_args.lr?)",
+                 2, id="lr-one-level-up-full-form"),
+    pytest.param(["--config", BASE, "--model.hidden", "[8]"],
+                 "unknown option(s): --model.hidden (did you mean --model.net.hidden?)", 2, id="hidden-one-level-up"),
+    pytest.param(["--config", BASE, "--model.net.hiddn", "[8]"],
+                 "unknown option(s): --model.net.hiddn (did you mean --model.net.hidden?)", 2, id="nested-typo"),
+    pytest.param(["--config", BASE, "--model.net", "modules.components.mlp.MLPP"],
+                 "--model.net modules.components.mlp.MLPP: no such class; did you mean modules.components.mlp.MLP?",
+                 2, id="nested-class-typo"),
+    pytest.param(["--config", BASE, "--model.init_args.net.class_path", "modules.components.mlp.MLPP"],
+                 "--model.init_args.net.class_path modules.components.mlp.MLPP: no such class; did you mean "
+                 "modules.components.mlp.MLP?", 2, id="nested-class-typo-full-form"),
+    pytest.param(["--config", BASE, "--model.optimizer", "torch.optim.Adamm"],
+                 "--model.optimizer torch.optim.Adamm: no such class; did you mean torch.optim.Adam?", 2,
+                 id="optimizer-typo"),
+    pytest.param(["--config", BASE, "--model.net", "torch.optim.AdamW"],
+                 "--model.net torch.optim.AdamW is not a Module: --model.net takes a task network", 2,
+                 id="net-not-a-module"),
+    pytest.param(["--config", BASE, "--model.net", "torch.nn.Linear"],
+                 "--model.net torch.nn.Linear is not a task network: Linear(input_shape, num_classes) fails", 2,
+                 id="net-not-a-task-network"),
+    pytest.param(["--config", BASE, "--model.optimizer.lr", "fast"],
+                 "--model.optimizer.lr fast: expected a float", 2, id="nested-wrong-type"),
+]
+
+
+@pytest.mark.parametrize(("args", "line", "code"), ONE_LINE)
+def test_first_hour_mistakes_are_one_line_naming_the_option(
+    args: list[str], line: str, code: int, paperlab_tmp: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert cli_main(["fit", *args]) == code
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and line in errors[0], err
+    assert "Traceback" not in err
+    assert runs_of("mlp_classifier") == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "line"),
+    [
+        ({"model": {"init_args": {"lr": 0.01}}}, "unknown option(s): --model.lr (did you mean --model.optimizer.lr?)"),
+        ({"model": {"init_args": {"net": {"class_path": "modules.components.mlp.MLPP"}}}},
+         "--model.net modules.components.mlp.MLPP: no such class; did you mean modules.components.mlp.MLP?"),
+    ],
+    ids=["option-one-level-up", "nested-class-typo"],
+)
+def test_the_same_mistakes_in_a_config_file(extra: dict, line: str, paperlab_tmp: Path, capsys) -> None:
+    """In a second ``--config`` (the suggestions then come from the configs that parse)."""
+    mine = paperlab_tmp / "mine.yaml"
+    mine.write_text(yaml.safe_dump(extra))
+    assert cli_main(["fit", "--config", BASE, "--config", str(mine)]) == 2
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and line in errors[0], err
+    assert "Traceback" not in err
+
+
+def test_a_refused_optimizer_argument_is_named_also_for_a_task_built_in_python() -> None:
+    from functools import partial
+
+    from errors import ConfigError
+    from modules.mlp_classifier import MLPClassifier
+
+    with pytest.raises(ConfigError, match=r"Invalid weight_decay value: -1.0; change --model.optimizer.weight_decay"):
+        MLPClassifier(optimizer=partial(torch.optim.SGD, lr=0.1, weight_decay=-1.0))
+    with pytest.raises(ConfigError, match=r"but got 0; change --model.lr_scheduler.T_0 \(model.init_args.lr_sch"):
+        MLPClassifier(lr_scheduler=partial(torch.optim.lr_scheduler.CosineAnnealingWarmRestarts, T_0=0))
+
+
 def test_nan_loss_stops_names_the_step_fails_the_run_and_keeps_the_last_good_checkpoint(
     paperlab_tmp: Path, capsys: pytest.CaptureFixture
 ) -> None:

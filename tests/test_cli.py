@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -162,11 +163,22 @@ def test_override_from_command_line(capsys: pytest.CaptureFixture) -> None:
 def test_predict_writes_predictions(paperlab_tmp: Path) -> None:
     config = REPO / "configs/mlp_classifier/yinyang.yaml"
     assert cli_main(["fit", "--config", str(config), *TINY, "--run.name", "yinyang"]) == 0
-    assert cli_main(["predict", "--config", str(config), "--ckpt_path", "best", "--run.name", "yinyang"]) == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli_main(["predict", "--config", str(config), "--ckpt_path", "best", "--run.name", "yinyang"]) == 0
     import torch
 
-    preds = torch.load(paperlab_tmp / "checkpoints/mlp_classifier/yinyang/predictions.pt")
+    table = torch.load(paperlab_tmp / "checkpoints/mlp_classifier/yinyang/predictions.pt")  # weights_only: tensors
+    preds = table["prediction"]
     assert preds.shape == (1000, 3)
     assert torch.allclose(preds.sum(-1), torch.ones(1000), atol=1e-5)
+    # labelled: each row's sample index in the predict split (the test split) and that sample's target
+    from datamodules.yinyang import YinYangDataModule
+
+    data = YinYangDataModule(**yaml.safe_load(config.read_text())["data"]["init_args"])
+    data.setup()
+    assert torch.equal(table["index"], torch.arange(1000))
+    assert torch.equal(table["target"], data.splits["test"][1][table["index"]])
+    assert not [w for w in caught if "infer the batch indices" in str(w.message)]
     (run,) = runs_of("mlp_classifier")
     assert [a.path for a in client().list_artifacts(run.info.run_id, "predictions")]
