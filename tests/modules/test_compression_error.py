@@ -4,6 +4,7 @@ algebra, hashing against a loop, warm starts, measurement operators, CLI, bad in
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from modules.compression_error import (
     fit_level,
     predict_errors,
     rms,
+    score_ladder,
     spearman,
     train_field,
 )
@@ -339,10 +341,6 @@ def test_calibrated_constant_and_local_spearman_against_naive_loops():
     delta^2 / (N (N^2 - 1)) on the pixel ranks) between the map |f_k - f_{k+1}| and the true map |f_k - f*| at
     the same level k, both averaged over the channels; the mean over pairs. One calibration signal of 4 levels
     (3 pairs) and 3 test signals (9 pairs): odd counts, one middle value each."""
-    import statistics
-
-    from modules.compression_error import score_ladder
-
     size, levels = 12, [2, 3, 5, 9]
     sig = torch.stack([procedural_field(size, s, channels=2) for s in range(4)]).double()
     calib = torch.tensor([True, False, False, False])
