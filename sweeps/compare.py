@@ -37,7 +37,15 @@ from sweeps.load import (
 )
 from sweeps.output import short_label
 from sweeps.spec import SweepError
-from sweeps.stats import bootstrap_spearman, mean_point, paired_ratio, spearman, summarize
+from sweeps.stats import (
+    bootstrap_spearman,
+    mean_point,
+    paired_difference,
+    paired_ratio,
+    spearman,
+    summarize,
+    welch,
+)
 
 
 def default_mode(metric: str) -> str:
@@ -66,7 +74,8 @@ def compare(
 
     ``metric`` may be a glob (``diag/weight_drift/*/drift``): every matching metric is compared, a table row
     per (metric, group). ``agg``/``steps`` summarise each run's history instead of taking its last value.
-    ``baseline`` (``key=value``) adds each group's ratio to that group, paired by seed. With ``x``,
+    ``baseline`` (``key=value``) adds each group's ratio and difference to that group, paired by seed (the
+    mean and 95% interval over the seeds both have), and Welch's unpaired t-test against it. With ``x``,
     ``x_per_group`` correlates the group means (seeds averaged) instead of runs, and ``leave_one_out`` (a
     key) recomputes Spearman's rho leaving out each value of that key, and within each value. ``where``
     (``key=value`` items, all must hold) keeps only the runs with those param/tag values, for a table of one
@@ -168,7 +177,7 @@ def compare(
         where=where_keys, divide_by=divide_by,
     )
     if baseline:
-        _add_ratios(result, baseline)
+        _add_baseline_comparisons(result, baseline)
     if bootstrap and x_key is None:
         raise SweepError("--bootstrap resamples a correlation: give --x too")
     if x_key is not None:
@@ -176,8 +185,10 @@ def compare(
     return result
 
 
-def _add_ratios(result: Comparison, baseline: str) -> None:
-    """Each group's values divided by the baseline group's, paired by seed (same metric).
+def _add_baseline_comparisons(result: Comparison, baseline: str) -> None:
+    """Each group against the baseline group (same metric): its values divided by and minus the baseline's,
+    paired by seed (``paired_ratio``, ``paired_difference``), and Welch's t-test of the two groups' means over
+    all their runs, unpaired (``welch``).
 
     The partner of a group is the baseline group that agrees with it on every other grouping key; failing
     that, on the other keys the user grouped by: a key compare added because it differs between the runs
@@ -207,9 +218,10 @@ def _add_ratios(result: Comparison, baseline: str) -> None:
                                  f"{keys}); add --by or --where for it")
         ref_by_seed = {r.seed: r.value for r in ref}
         mine = [r for r in result.rows if r.metric == g.metric and r.keys == g.keys]
-        ratio = paired_ratio([(r.seed, r.value) for r in mine], ref_by_seed)
-        if ratio is not None:
-            g.ratio = ratio
+        pairs = [(r.seed, r.value) for r in mine]
+        g.ratio = paired_ratio(pairs, ref_by_seed)
+        g.difference = paired_difference(pairs, ref_by_seed)
+        g.welch = welch([r.value for r in mine], [r.value for r in ref])
 
 
 def _cells(rows: list[Row]) -> list[list[Row]]:

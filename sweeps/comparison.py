@@ -35,6 +35,8 @@ class Group:
     ci_high: float
     metric: str = ""
     ratio: tuple[float, float, float, int] | None = None  # paired ratio to the baseline: mean, lo, hi, pairs
+    difference: tuple[float, float, float, int] | None = None  # paired difference to it: mean, lo, hi, pairs
+    welch: tuple[float, float, float] | None = None  # Welch's t-test against it, unpaired: t, df, p
 
     @property
     def n(self) -> int:

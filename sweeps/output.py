@@ -26,21 +26,36 @@ def short_label(key: str) -> str:
     return key.replace(".init_args.", ".")
 
 
+def _paired(stat: tuple[float, float, float, int] | None, fmt: str) -> str:
+    """A paired statistic's cell: ``mean [lo, hi], n pairs``, or ``mean, 1 pair`` (no interval), or ``-``."""
+    if stat is None:
+        return "-"
+    mean, lo, hi, pairs = stat
+    if math.isnan(lo):
+        return f"{mean:{fmt}}, {pairs} pair"
+    return f"{mean:{fmt}} [{lo:{fmt}}, {hi:{fmt}}], {pairs} pairs"
+
+
+def _welch(stat: tuple[float, float, float] | None) -> str:
+    return "-" if stat is None else f"t = {stat[0]:.3g}, df = {stat[1]:.3g}, p = {stat[2]:.3g}"
+
+
 def table(result: Comparison) -> str:
     """The comparison as aligned text: what was compared, what was left out and why, one row per group."""
     many = len(result.metrics) > 1
     head = [*(["metric"] if many else []), *(short_label(k) for k in result.by), "n", "mean", "std", "95% CI"]
     if result.baseline:
-        head += [f"ratio to {short_label(result.baseline)} (paired by seed)"]
+        base = short_label(result.baseline)
+        head += [f"ratio to {base} (paired by seed)", f"difference to {base} (paired by seed)",
+                 f"Welch's t-test vs {base}"]
     head += ["best run", "best"]
     body = []
     for g in result.groups:
         ci = "-" if math.isnan(g.ci_low) else f"[{g.ci_low:.4g}, {g.ci_high:.4g}]"
         row = [*([g.metric] if many else []), *g.keys, str(g.n), _fmt(g.mean), _fmt(g.std), ci]
         if result.baseline:
-            row.append("-" if g.ratio is None else (
-                f"{g.ratio[0]:.3g} [{g.ratio[1]:.3g}, {g.ratio[2]:.3g}], {g.ratio[3]} pairs"
-                if not math.isnan(g.ratio[1]) else f"{g.ratio[0]:.3g}, {g.ratio[3]} pair"))
+            # the difference signed and with the table's precision: pages quote it as a gap, "+0.09 [-0.26, 0.44]"
+            row += [_paired(g.ratio, ".3g"), _paired(g.difference, "+.4g"), _welch(g.welch)]
         body.append([*row, g.best_run, _fmt(g.best_value)])
     widths = [max(len(str(r[i])) for r in [head, *body]) for i in range(len(head))]
     what = result.metric if result.agg == "last" else f"{result.metric} ({result.agg} over its history)"
@@ -83,13 +98,19 @@ def table(result: Comparison) -> str:
 def summary_csv(result: Comparison) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
-    ratio_cols = ["ratio_mean", "ratio_ci95_low", "ratio_ci95_high", "ratio_pairs"] if result.baseline else []
-    w.writerow(["metric", *result.by, "n", "mean", "std", "ci95_low", "ci95_high", *ratio_cols, "best_run",
+    baseline_cols = [
+        "ratio_mean", "ratio_ci95_low", "ratio_ci95_high", "ratio_pairs",
+        "diff_mean", "diff_ci95_low", "diff_ci95_high", "diff_pairs",
+        "welch_t", "welch_df", "welch_p",
+    ] if result.baseline else []
+    w.writerow(["metric", *result.by, "n", "mean", "std", "ci95_low", "ci95_high", *baseline_cols, "best_run",
                 "best_value", "runs"])
+    nan = math.nan
     for g in result.groups:
-        ratio = [repr(v) for v in (g.ratio or (math.nan, math.nan, math.nan, 0))] if result.baseline else []
-        w.writerow([g.metric, *g.keys, g.n, repr(g.mean), repr(g.std), repr(g.ci_low), repr(g.ci_high), *ratio,
-                    g.best_run, repr(g.best_value), json.dumps(g.runs)])
+        vs_baseline = [repr(v) for v in (*(g.ratio or (nan, nan, nan, 0)), *(g.difference or (nan, nan, nan, 0)),
+                                         *(g.welch or (nan, nan, nan)))] if result.baseline else []
+        w.writerow([g.metric, *g.keys, g.n, repr(g.mean), repr(g.std), repr(g.ci_low), repr(g.ci_high),
+                    *vs_baseline, g.best_run, repr(g.best_value), json.dumps(g.runs)])
     return buf.getvalue()
 
 

@@ -1,5 +1,6 @@
 """The statistics of a comparison, on plain numbers: a group's mean, standard deviation and Student-t
-interval (``summarize``), a paired ratio to a baseline (``paired_ratio``), Spearman's rho with an exact
+interval (``summarize``), a paired ratio and a paired difference to a baseline (``paired_ratio``,
+``paired_difference``), Welch's unpaired t-test against it (``welch``), Spearman's rho with an exact
 p-value on few points (``spearman``), and a cluster bootstrap interval of rho (``bootstrap_spearman``).
 
 numpy, scipy and the standard library only: no MLflow, no torch, no runs or groups, so that each number
@@ -43,6 +44,40 @@ def paired_ratio(
         return None
     mean, _, lo, hi = summarize(ratios)
     return mean, lo, hi, len(ratios)
+
+
+def paired_difference(
+    values: Iterable[tuple[Hashable, float]], reference: Mapping[Hashable, float]
+) -> tuple[float, float, float, int] | None:
+    """Mean and 95% Student-t interval (``summarize``) of ``value - reference[key]`` over the ``(key, value)``
+    pairs whose key (the seed) the reference has, and the number of such pairs; None without any.
+
+    The interval is over pairs, t(0.975, pairs - 1) times the std of the differences over sqrt(pairs): what the
+    two arms share seed by seed (the data draw, the initialisation) cancels, which two unpaired intervals
+    cannot show. One pair has a mean and no interval (NaN)."""
+    diffs = [v - reference[k] for k, v in values if k in reference]
+    if not diffs:
+        return None
+    mean, _, lo, hi = summarize(diffs)
+    return mean, lo, hi, len(diffs)
+
+
+def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float] | None:
+    """Welch's t-test of mean(a) - mean(b) without assuming equal variances: t, the Welch-Satterthwaite degrees
+    of freedom and the two-sided p-value. None when a side has fewer than 2 values or neither side varies (t
+    undefined)."""
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        return None
+    _, sd_a, _, _ = summarize(list(a))
+    _, sd_b, _, _ = summarize(list(b))
+    va, vb = sd_a**2 / len(a), sd_b**2 / len(b)  # squared standard errors of the two means
+    if va + vb == 0:
+        return None
+    t = (sum(a) / len(a) - sum(b) / len(b)) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return t, df, float(2 * stats.t.sf(abs(t), df))
 
 
 def spearman(pairs: list[tuple[float, float]]) -> tuple[float, float] | None:

@@ -207,6 +207,33 @@ def test_task_loss_is_the_weighted_sum_of_step_losses() -> None:
     assert all(p.grad is not None for p in net.blocks.parameters())
 
 
+def test_psnr_step_k_is_the_mean_image_psnr_after_rollout_step_k() -> None:
+    """``test/psnr_step<k>`` (claim 3 of docs/papers/attn_hyper_inr.md reads them in order k = 1..K) against a
+    hand computation: the INR after k rollout steps rendered and clipped to the pixel range [0, 1], -10 log10 of
+    each image's mean squared pixel error (peak 1), averaged over the 5 test images of two batches (3 + 2, so a per-batch mean would differ)."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    task = HyperINRTask(net=partial(AttnOptHyperINR, inr_widths=[8], fourier_dim=8, rollout_steps=3, **SMALL),
+                        input_shape=(3, 8, 8))
+    images = torch.rand(5, 3, 8, 8)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    (logged,) = trainer.test(task, dataloaders=DataLoader(TensorDataset(images), batch_size=3), verbose=False)
+    net = task.net
+    with torch.no_grad():
+        target = net.pixels(images)
+        hand = []
+        for theta in net.rollout(images):  # after step 1, 2, 3
+            err = (net.render(theta).clamp(0, 1) - target).double().square().flatten(1).mean(1)
+            hand.append(float(sum(-10 * math.log10(float(v)) for v in err) / len(err)))
+    assert min(abs(a - b) for a, b in zip(hand, hand[1:])) > 1e-3, hand  # the steps differ: order is visible
+    got = [logged[f"test/psnr_step{k}"] for k in (1, 2, 3)]
+    assert got == pytest.approx(hand, abs=1e-4), (got, hand)
+    assert logged["test/psnr"] == pytest.approx(hand[-1], abs=1e-4)
+
+
 # --- bad input --------------------------------------------------------------------------------------------
 def test_image_size_not_a_multiple_of_the_patch() -> None:
     with pytest.raises(ConfigError, match="multiple of patch_size"):

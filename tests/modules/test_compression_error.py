@@ -4,6 +4,7 @@ algebra, hashing against a loop, warm starts, measurement operators, CLI, bad in
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from modules.compression_error import (
     fit_level,
     predict_errors,
     rms,
+    score_ladder,
     spearman,
     train_field,
 )
@@ -321,6 +323,57 @@ def test_ladder_error_analysis_against_direct_computation():
     pred = torch.stack([predict_errors(fits[:, s], orthogonal=True)["bound"] for s in (2, 3)])
     tight = (pred / e[2:, :3]).log().abs().median()
     assert lad["summary"]["tightness"] == pytest.approx(float(tight), rel=1e-4)
+
+
+def _ranks(values: list[float]) -> list[int]:
+    """Rank 0 .. N-1 of each value (no ties in continuous data)."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0] * len(values)
+    for r, i in enumerate(order):
+        ranks[i] = r
+    return ranks
+
+
+def test_calibrated_constant_and_local_spearman_against_naive_loops():
+    """``tightness_calib`` and ``spearman_local`` (claims 2 and 3 of docs/papers/compression_error.md) by plain
+    Python loops over pixels, levels and signals: c = median over the calibration pairs of e_k / d_k, the
+    tightness the median over test pairs of |log(c d_k / e_k)|; per test pair, Spearman's rho (1 - 6 sum
+    delta^2 / (N (N^2 - 1)) on the pixel ranks) between the map |f_k - f_{k+1}| and the true map |f_k - f*| at
+    the same level k, both averaged over the channels; the mean over pairs. One calibration signal of 4 levels
+    (3 pairs) and 3 test signals (9 pairs): odd counts, one middle value each."""
+    size, levels = 12, [2, 3, 5, 9]
+    sig = torch.stack([procedural_field(size, s, channels=2) for s in range(4)]).double()
+    calib = torch.tensor([True, False, False, False])
+    fits = torch.stack([torch.stack([fit_level(s, "grid", r) for s in sig]) for r in levels])  # float64 like sig
+    out = score_ladder(fits, sig, calib, levels, orthogonal=True)
+
+    f = fits.tolist()  # [level][signal][y][x][channel]
+    g = sig.tolist()
+    pix = [(y, x) for y in range(size) for x in range(size)]
+
+    def rms_of(a, b) -> float:
+        return math.sqrt(sum((a[y][x][c] - b[y][x][c]) ** 2 for y, x in pix for c in range(2)) / (2 * size * size))
+
+    e = [[rms_of(f[k][s], g[s]) for k in range(3)] for s in range(4)]
+    d = [[rms_of(f[k][s], f[k + 1][s]) for k in range(3)] for s in range(4)]
+    c = statistics.median(e[0][k] / d[0][k] for k in range(3))
+    tight = statistics.median(abs(math.log(c * d[s][k] / e[s][k])) for s in (1, 2, 3) for k in range(3))
+    assert out["summary"]["tightness_calib"] == pytest.approx(tight, rel=1e-9)
+
+    def channel_mean_abs(a, b) -> list[float]:
+        return [(abs(a[y][x][0] - b[y][x][0]) + abs(a[y][x][1] - b[y][x][1])) / 2 for y, x in pix]
+
+    n_pix = len(pix)
+    rhos = []
+    for s in (1, 2, 3):
+        for k in range(3):
+            rp = _ranks(channel_mean_abs(f[k][s], f[k + 1][s]))
+            rt = _ranks(channel_mean_abs(f[k][s], g[s]))
+            rhos.append(1 - 6 * sum((a - b) ** 2 for a, b in zip(rp, rt)) / (n_pix * (n_pix**2 - 1)))
+    assert out["summary"]["spearman_local"] == pytest.approx(sum(rhos) / len(rhos), rel=1e-9)
+    # the map the figure shows: the first test signal's true error at each level k = 0..n-2
+    for k in range(3):
+        assert out["maps"]["true"][k].flatten().tolist() == pytest.approx(channel_mean_abs(f[k][1], g[1]), rel=1e-9)
 
 
 def test_ladder_trains_one_level_per_epoch_and_warm_starts():

@@ -256,6 +256,46 @@ def test_memory_kernel_of_a_constant_step_is_the_mode_sum() -> None:
     assert torch.allclose(lk, expect, rtol=1e-5, atol=1e-6)
 
 
+def test_lag_bucket_accuracies_count_each_answer_in_the_bucket_of_its_lag() -> None:
+    """``test/acc_lag<lo>_<hi>`` (the page's recall table) against a naive loop: an answer with lag l counts in the
+    bucket lo <= l < hi, the top bucket open above. The lags sit on and next to every bucket edge; the answers at
+    an edge (lag 1, 32, 256) are right and the others wrong, so an edge answer put in the wrong bucket changes
+    the accuracy. ``test/acc`` of a plain next-token batch (no lags) is the accuracy over every position."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    vocab, n_len = 11, 40
+    model = lm(d_model=8, n_layers=1, vocab_size=vocab, chunk_size=8).eval()
+    tokens = torch.randint(0, vocab, (2, n_len), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        preds = model(tokens).argmax(-1)
+    answer_lags = [1, 2, 31, 32, 33, 255, 256, 257, 1023, 1024, 1500]
+    edges = {1, 32, 256}
+    targets = torch.full_like(tokens, -100)
+    lags = torch.zeros_like(tokens)
+    answers = []  # (lag, correct)
+    for j, lag in enumerate(answer_lags * 2):
+        b, t = j % 2, 3 + 3 * j // 2
+        right = lag in edges
+        targets[b, t] = preds[b, t] if right else (preds[b, t] + 1) % vocab
+        lags[b, t] = lag
+        answers.append((lag, right))
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    one_batch = DataLoader(TensorDataset(tokens, targets, lags), batch_size=2)
+    (logged,) = trainer.test(model, dataloaders=one_batch, verbose=False)
+    for lo, hi, name in ((1, 32, "acc_lag1_32"), (32, 256, "acc_lag32_256"), (256, None, "acc_lag256_1024")):
+        mine = [right for lag, right in answers if lag >= lo and (hi is None or lag < hi)]
+        assert logged[f"test/{name}"] == pytest.approx(sum(mine) / len(mine)), (name, mine)
+    assert logged["test/acc"] == pytest.approx(sum(right for _, right in answers) / len(answers))
+
+    plain_targets = torch.where(torch.arange(n_len) % 2 == 0, preds, (preds + 1) % vocab)  # half of them right
+    (plain,) = trainer.test(model, dataloaders=DataLoader(TensorDataset(tokens, plain_targets), batch_size=2),
+                            verbose=False)
+    assert plain["test/acc"] == pytest.approx(0.5)
+
+
 def test_model_refuses_bad_configurations() -> None:
     with pytest.raises(ConfigError, match="n_modes >= 2"):
         lm(n_modes=1)

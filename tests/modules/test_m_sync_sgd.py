@@ -222,6 +222,28 @@ def test_module_steps_are_server_updates_equal_to_the_functional_form() -> None:
     assert model.sim_clock()["seconds"] == pytest.approx(float(ref["clock"][-1]), rel=1e-12)
 
 
+def test_theory_time_under_fixed_times_is_the_mth_smallest_tau_and_has_its_minimum_at_sigma2_over_epsilon() -> None:
+    """``train/theory_time`` of the sqrt-times claim (docs/papers/m_sync_sgd.md, claim 2): tau_(m) (1 + sigma^2 /
+    (m epsilon)) with tau_(m) the m-th smallest of the fixed times, here sqrt(m) for tau_i = sqrt(i) given in a
+    shuffled order (so that the m-th smallest is neither the m-th listed nor the m-th largest). By hand it is
+    7.069, 5.999, 5.656, 5.999, 7.071 for m = 2, 4, 8, 16, 32 (the page's compare table), smallest at
+    m* = sigma^2 / epsilon = 8."""
+    sigma, eps, n = 0.2828, 0.01, 32
+    taus = [math.sqrt(i) for i in range(1, n + 1)]
+    shuffled = [taus[int(j)] for j in torch.randperm(n, generator=torch.Generator().manual_seed(0))]
+    logged = {}
+    for m in (2, 4, 8, 16, 32):
+        model = SimulatedDistributedSGD(n_workers=n, m=m, lr=0.4, epsilon=eps, seed=0,
+                                        time_model=ComputeTimeModel("fixed", taus=shuffled))
+        trainer = _fit_module(model, DistProblemDataModule(dim=10, sigma=sigma, steps_per_epoch=1), 1)
+        expected = math.sqrt(m) * (1 + sigma**2 / (m * eps))
+        assert model.theory_time() == pytest.approx(expected, rel=1e-12), m
+        logged[m] = float(trainer.callback_metrics["train/theory_time"])  # logged in float32
+        assert logged[m] == pytest.approx(expected, rel=1e-6), m
+    assert [round(logged[m], 3) for m in (2, 4, 8, 16, 32)] == [7.069, 5.999, 5.656, 5.999, 7.071]
+    assert min(logged, key=logged.get) == 8
+
+
 def test_seed_none_is_the_run_seed_the_cli_sets_after_construction() -> None:
     """seed None reads run_seed at setup (the CLI sets it after __init__): the same simulation as seed = run_seed,
     another one for another run seed."""

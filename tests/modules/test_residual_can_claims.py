@@ -131,7 +131,7 @@ def test_check_factorial_accepts_the_claim_and_refuses_its_negations():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="not reproduced at this budget: no robust arm escapes the trap (best mean "
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="not reproduced at this budget: no robust arm escapes the trap (best mean "
                    "0.497, needs < 0.1; docs/papers/residual_can.md); strict: a pass means the README row must change")
 def test_claim_3_factorial(paperlab_tmp: Path):
     run_sweep("factorial")
@@ -163,7 +163,7 @@ def test_check_score_accepts_the_claim_and_refuses_its_negations():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="half reproduced: CauchyAct beats SiLU under the Fokker-Planck loss as claimed, "
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="half reproduced: CauchyAct beats SiLU under the Fokker-Planck loss as claimed, "
                    "but also under DSM, where the paper finds no difference (docs/papers/residual_can.md)")
 def test_claim_4_score(paperlab_tmp: Path):
     run_sweep("score")

@@ -238,3 +238,58 @@ def test_baseline_pairs_an_arm_whose_extra_setting_only_it_has(paperlab_tmp: Pat
              {"val/loss": 9.0})
     with pytest.raises(SweepError, match="several baseline groups match"):
         compare(client, "exp", "val/loss", by=["activation"], baseline="activation=relu")
+
+
+def test_baseline_gives_the_paired_difference_and_welch_test_printed_and_in_the_csv(paperlab_tmp: Path,
+                                                                                    capsys) -> None:
+    """--baseline: beside the paired ratio, each arm's difference to the baseline over the seeds both have (mean,
+    95 % t-interval over the pairs, number of pairs) and Welch's unpaired t-test against the baseline's runs, by
+    hand with scipy.stats.t. The arms share a large seed effect, so the paired interval is far narrower than the
+    unpaired spread. At 600 steps the arms share seeds 1-4 of 0-5 (4 pairs); at 1800 steps one seed (one pair,
+    no interval) and the baseline has a single run (no Welch test)."""
+    import csv
+
+    client = _store(paperlab_tmp)
+    kernel, steps = "model.init_args.net.init_args.kernel", "trainer.max_steps"
+    effect = [0.0, 0.3, 0.6, 0.9, 1.2, 1.5]  # what a seed does to both arms alike
+    exp = {s: effect[s] + 0.50 + e for s, e in zip(range(0, 5), [0.01, -0.02, 0.015, 0.0, -0.01])}
+    frac = {s: effect[s] + 0.55 + e for s, e in zip(range(1, 6), [0.02, -0.01, 0.0, 0.025, 0.01])}
+    for arm, values in (("exp", exp), ("frac", frac)):
+        for seed, v in values.items():
+            _run(client, f"{arm}-600-s{seed}", {kernel: arm, steps: 600, "seed_everything": seed}, {"test/acc": v})
+    _run(client, "exp-1800-s0", {kernel: "exp", steps: 1800, "seed_everything": 0}, {"test/acc": 0.9})
+    _run(client, "frac-1800-s0", {kernel: "frac", steps: 1800, "seed_everything": 0}, {"test/acc": 0.95})
+    _run(client, "frac-1800-s1", {kernel: "frac", steps: 1800, "seed_everything": 1}, {"test/acc": 0.97})
+
+    result = compare(client, "exp", "test/acc", by=["kernel", "max_steps"], baseline="kernel=exp")
+    groups = {g.keys: g for g in result.groups}
+    diffs = [frac[s] - exp[s] for s in (1, 2, 3, 4)]
+    mean = float(np.mean(diffs))
+    lo, hi = stats.t.interval(0.95, len(diffs) - 1, loc=mean, scale=stats.sem(diffs))
+    g = groups[("frac", "600")]
+    assert g.difference[0] == pytest.approx(mean, rel=1e-12) and g.difference[3] == 4
+    assert (g.difference[1], g.difference[2]) == pytest.approx((lo, hi), rel=1e-12)
+    welch = stats.ttest_ind(list(frac.values()), list(exp.values()), equal_var=False)
+    assert g.welch == pytest.approx((welch.statistic, welch.df, welch.pvalue), rel=1e-9)
+    assert lo > 0 and g.welch[2] > 0.05  # pairing resolves a gap that the seed spread hides unpaired
+    assert groups[("exp", "600")].difference == pytest.approx((0.0, 0.0, 0.0, 5))  # the baseline against itself
+    one = groups[("frac", "1800")]
+    assert one.difference[0] == pytest.approx(0.05) and one.difference[3] == 1 and math.isnan(one.difference[1])
+    assert one.welch is None  # the baseline has one run: no variance
+
+    out_dir = paperlab_tmp / "c"
+    assert cli_main(["compare", "--experiment", "exp", "--metric", "test/acc", "--by", "kernel", "--by", "max_steps",
+                     "--baseline", "kernel=exp", "--no-log", "--out", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "difference to model.net.kernel=exp (paired by seed)" in out
+    assert f"{mean:+.4g} [{lo:+.4g}, {hi:+.4g}], 4 pairs" in out
+    assert f"t = {welch.statistic:.3g}, df = {welch.df:.3g}, p = {welch.pvalue:.3g}" in out
+    assert "+0.05, 1 pair" in out
+    (table_csv,) = [p for p in out_dir.glob("*.csv") if not p.name.endswith("_runs.csv")]
+    rows = {(r[kernel], r[steps]): r for r in csv.DictReader(table_csv.read_text().splitlines())}
+    row = rows[("frac", "600")]
+    assert [float(row[k]) for k in ("diff_mean", "diff_ci95_low", "diff_ci95_high")] == pytest.approx([mean, lo, hi])
+    assert int(row["diff_pairs"]) == 4
+    assert [float(row[k]) for k in ("welch_t", "welch_df", "welch_p")] == pytest.approx(
+        [welch.statistic, welch.df, welch.pvalue])
+    assert math.isnan(float(rows[("frac", "1800")]["welch_t"]))
