@@ -13,6 +13,7 @@ SMALL = ["--trainer.max_epochs", "2", "--trainer.num_sanity_val_steps", "0",
          "--data.init_args.train_size", "640", "--data.init_args.val_size", "300"]
 
 
+@pytest.mark.slow  # the default suite keeps the forked 2-process DDP checks of the diagnostics
 def test_ddp_cpu_two_processes_one_run_same_metrics(paperlab_tmp: Path) -> None:
     config = str(REPO / "configs/mlp_classifier/yinyang.yaml")
     assert cli_main(["fit", "--config", config, *SMALL, "--run.name", "single"]) == 0

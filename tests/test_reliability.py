@@ -54,6 +54,7 @@ def _check_same_as_straight(paperlab_tmp: Path, name: str) -> None:
         assert [v for _, v in sorted(b[key])] == pytest.approx([v for _, v in sorted(a[key])]), key
 
 
+@pytest.mark.slow  # the default suite keeps the mid-epoch resume below
 def test_kill_after_several_epochs_resumes_from_the_newest_epoch_end_with_a_clean_history(paperlab_tmp: Path) -> None:
     assert cli_main(["fit", "--config", BASE, *SMALL, "--run.name", "straight"]) == 0
     _kill_at(4 * 19 + 7, paperlab_tmp, [], "resumed")  # in the fifth epoch
@@ -96,6 +97,7 @@ def test_a_run_started_with_overrides_carries_them_in_its_name_tags_and_folder(p
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on the runs
 
 
+@pytest.mark.slow  # every command once in a subprocess (~30 s)
 def test_commands_print_no_noise(paperlab_tmp: Path) -> None:
     args = ["fit", "--config", str(REPO / "configs/mlp_classifier/digits.yaml"), "--trainer.max_epochs", "2",
             "--run.name", "digits", "--trainer.log_every_n_steps", "1000"]  # an interval longer than the epoch

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -18,6 +19,7 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
     return torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
 
 
+@pytest.mark.slow  # the default suite keeps the mid-epoch resume of tests/test_reliability.py
 def test_kill9_mid_epoch_then_resume_equals_uninterrupted_run(paperlab_tmp: Path) -> None:
     base = REPO / "configs/mlp_classifier/yinyang.yaml"
     assert cli_main(["fit", "--config", str(base), *SMALL, "--run.name", "straight"]) == 0
