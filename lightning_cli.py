@@ -515,9 +515,10 @@ class PaperlabCLI(LightningCLI):
         return runs_url(base, logger.experiment_id, key)
 
     def _resume_lines(self) -> list[str]:
-        """Where the interrupted state is and the command that resumes it (``last.ckpt`` resumes exactly,
-        at the newest epoch end or within-epoch save; ``interrupted.ckpt`` holds the weights at the Ctrl-C, in
-        the middle of a step's bookkeeping, so it is for evaluation, not for resuming)."""
+        """Where the interrupted state is and the command that resumes it. ``last.ckpt`` resumes exactly (the
+        newest epoch end or within-epoch save); ``interrupted.ckpt`` holds the weights at the Ctrl-C, for
+        evaluation: a Ctrl-C inside a step leaves the loader past a batch the loop has not counted, and a
+        resume from it skips that batch (docs/design.md, "Runs, checkpoints, resume")."""
         lines = []
         interrupted_ckpt = self.ckpt_dir / "interrupted.ckpt"
         if interrupted_ckpt.is_file():
