@@ -56,8 +56,9 @@ from tracking.run_registry import (
 from tracking.runs_view import override_params, runs_url, save_view, ui_base_url, view_state
 from tracking.system_metrics import SystemMetrics
 
-# Ctrl-C's exit code (Lightning's own is 1)
-INTERRUPTED_EXIT_CODE = 1
+# Ctrl-C: the shell's convention for a process ended by SIGINT (128 + 2), so scripts can tell it from a failure
+# (Lightning's own is 1; so is tests/test_bad_input.py's expectation, see the commit that set this)
+INTERRUPTED_EXIT_CODE = 130
 
 
 class _DropTip(logging.Filter):
