@@ -4,7 +4,9 @@ LightningCLI in subclass mode for the model and the data, plus the project defau
 type: the MLflow logger (experiment = method, run = config stem, tags), the resolved config as an artifact,
 checkpoints tied to the run (``--ckpt_path last`` resumes into the same run), ``<monitor>_best``, a NaN/inf
 guard and Ctrl-C handling; sizes the data determines (``datamodules.base.LINKED_SIZES``) linked from the
-DataModule into the model; ``--diagnostics`` presets (``configs/diagnostics/``) stacked on any experiment.
+DataModule into the model; ``--diagnostics`` presets (``configs/diagnostics/``) stacked on any experiment; a
+summary at the end of every command (and at Ctrl-C, with the resume command) with a link that opens the
+experiment's runs table in the MLflow UI.
 Kept apart from ``main.py`` so that ``sweep`` and ``compare``, which need neither torch nor Lightning, start
 without importing them.
 """
@@ -12,6 +14,7 @@ without importing them.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 import re
@@ -24,7 +27,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, Checkpoint
+from lightning.pytorch.callbacks import Callback, Checkpoint, ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
@@ -38,8 +41,24 @@ from errors import ConfigError, PaperlabError
 from modules.base import PaperTask
 from tracking.config_artifact import ConfigArtifact, method_name
 from tracking.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, default_tracking_uri
-from tracking.run_registry import RunRegistry, archive_previous, resolve_checkpoint, run_id_for_checkpoint
+from tracking.run_registry import (
+    RunRegistry,
+    archive_previous,
+    folder_name,
+    instance_name,
+    latest_instance,
+    mlflow_run_names,
+    next_instance,
+    resolve_checkpoint,
+    run_id_for_checkpoint,
+    taken_instances,
+)
+from tracking.runs_view import override_params, runs_url, save_view, ui_base_url, view_state
 from tracking.system_metrics import SystemMetrics
+
+# Ctrl-C: the shell's convention for a process ended by SIGINT (128 + 2), so scripts can tell it from a failure
+# (Lightning's own is 1; so is tests/test_bad_input.py's expectation, see the commit that set this)
+INTERRUPTED_EXIT_CODE = 130
 
 
 class _DropTip(logging.Filter):
@@ -59,11 +78,18 @@ warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*
 warnings.filterwarnings("ignore", message=r".*is smaller than the logging interval Trainer\(log_every_n_steps.*")
 
 
+PRESET_FOLDERS = ("trainer", "diagnostics")  # configs/trainer/*.yaml (hardware), configs/diagnostics/*.yaml
+
+
+def is_preset(path: Any) -> bool:
+    """A hardware or diagnostics preset (``configs/trainer/ddp_cpu.yaml``): it names no run."""
+    return Path(str(path)).parent.name in PRESET_FOLDERS
+
+
 def config_stem(config_files: Any) -> str:
     """Run name from the experiment config: the last ``--config`` that is neither a trainer nor a
     diagnostics preset."""
-    presets = ("trainer", "diagnostics")
-    stems = [Path(str(p)).stem for p in (config_files or []) if Path(str(p)).parent.name not in presets]
+    stems = [Path(str(p)).stem for p in (config_files or []) if not is_preset(p)]
     return stems[-1] if stems else "default"
 
 
@@ -74,9 +100,8 @@ RUN_CONTROL = re.compile(
 )
 
 
-def command_overrides(argv: list[str]) -> list[tuple[str, str]]:
-    """The ``--key value`` pairs of a command line that change the experiment (not ``--config``, not run
-    controls), in order."""
+def _split_options(argv: list[str]) -> list[tuple[str, str]]:
+    """``--key value`` and ``--key=value`` pairs of a command line, in order."""
     out, i = [], 0
     while i < len(argv):
         token = argv[i]
@@ -86,9 +111,25 @@ def command_overrides(argv: list[str]) -> list[tuple[str, str]]:
         key, eq, value = token[2:].partition("=")
         if not eq and i < len(argv) and not argv[i].startswith("--"):
             value, i = argv[i], i + 1
-        if not RUN_CONTROL.match(key):
-            out.append((key, value))
+        out.append((key, value))
     return out
+
+
+def _trainer_preset(key: str, value: str) -> bool:
+    return key in ("trainer", "config") and Path(value).parent.name == "trainer"
+
+
+def command_overrides(argv: list[str]) -> list[tuple[str, str]]:
+    """The ``--key value`` pairs of a command line that change the experiment (not ``--config``, not run
+    controls, not a ``--trainer configs/trainer/*.yaml`` preset: hardware is tags and params, like
+    ``--run.*``), in order."""
+    return [(key, value) for key, value in _split_options(argv)
+            if not RUN_CONTROL.match(key) and not _trainer_preset(key, value)]
+
+
+def trainer_presets(argv: list[str]) -> list[str]:
+    """The hardware presets of a command (``--trainer`` or ``--config configs/trainer/<preset>.yaml``)."""
+    return [value for key, value in _split_options(argv) if _trainer_preset(key, value)]
 
 
 def override_label(overrides: list[tuple[str, str]]) -> str:
@@ -96,9 +137,52 @@ def override_label(overrides: list[tuple[str, str]]) -> str:
     return " ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in overrides)
 
 
-def folder_name(run_name: str) -> str:
-    """A run name as a portable folder name."""
-    return re.sub(r"[^A-Za-z0-9._,=+\[\]-]+", "_", run_name).strip("_") or "run"
+def without_option(argv: list[str], key: str) -> list[str]:
+    """``argv`` without ``--key value`` / ``--key=value``."""
+    out, i = [], 0
+    while i < len(argv):
+        token = argv[i]
+        if token == f"--{key}":
+            i += 2 if i + 1 < len(argv) and not argv[i + 1].startswith("--") else 1
+            continue
+        if not token.startswith(f"--{key}="):
+            out.append(token)
+        i += 1
+    return out
+
+
+def stop_reason(trainer: L.Trainer) -> str:
+    """Why a fit ended, in words (Lightning keeps no reason, only the counters and ``should_stop``)."""
+    if trainer.max_steps is not None and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+        return f"max_steps={trainer.max_steps} reached"
+    if trainer.max_epochs is not None and trainer.max_epochs > 0 and trainer.current_epoch >= trainer.max_epochs:
+        return f"max_epochs={trainer.max_epochs} reached"
+    if trainer.should_stop:
+        return f"stopped early at step {trainer.global_step} by a callback or the task (trainer.should_stop)"
+    return f"ended at step {trainer.global_step}, epoch {trainer.current_epoch} (max_time or limits)"
+
+
+def train_description(trainer: L.Trainer) -> str:
+    """The training bar's label: ``Epoch 3/9`` for an epoch budget, ``Epoch 0 · 1500 steps`` for a step budget
+    (``max_epochs=-1``: Lightning's Rich bar would print ``Epoch 0/-2``)."""
+    epoch = f"Epoch {trainer.current_epoch}"
+    if trainer.max_epochs is not None and trainer.max_epochs > 0:
+        return f"{epoch}/{trainer.max_epochs - 1}"
+    if trainer.max_steps is not None and trainer.max_steps > 0:
+        return f"{epoch} · {trainer.max_steps} steps"
+    return epoch
+
+
+class PaperlabProgressBar(RichProgressBar):
+    """Lightning's Rich bar with ``train_description`` as its training label (the CLI's default bar when
+    ``rich`` is installed; without it Lightning's TQDM bar already says ``Epoch 0``)."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        if self.progress is not None and self.train_progress_bar_id is not None:
+            # padded as Lightning pads it, so the bar does not jump when the validation bar shows
+            label = f"{train_description(trainer):{len(self.validation_description)}}"
+            self.progress.update(self.train_progress_bar_id, description=label)
 
 
 def model_class(class_path: str) -> type:
@@ -177,15 +261,18 @@ class PaperlabCLI(LightningCLI):
         return super().init_parser(**{"allow_abbrev": False, **kwargs})
 
     # The names and folders every project default hangs off.
-    def _run_settings(self) -> tuple[str, str, Path]:
-        """Experiment, run name and checkpoint folder. A run started with overrides on the command line
-        carries them in its name (``yinyang lr=0.003``), unless ``--run.name`` names it."""
+    def _run_settings(self) -> tuple[str, str, bool]:
+        """Experiment, run name and whether ``--run.name`` gave it. A run started with overrides on the
+        command line carries them in its name (``yinyang lr=0.003``), unless ``--run.name`` names it."""
         run = self._value(self.config, "run")
         experiment = run.experiment or method_name(model_class(self._value(self.config, "model").class_path))
         self.overrides = command_overrides(self.argv[1:] if self.subcommand else self.argv)
         name = run.name or " ".join(filter(None, [config_stem(self._value(self.config, "config")),
                                                   override_label(self.overrides)]))
-        return experiment, name, Path(run.checkpoint_root) / experiment / folder_name(name)
+        return experiment, name, run.name is not None
+
+    def _folder(self, run_name: str) -> Path:
+        return self.experiment_dir / folder_name(run_name)
 
     def _check_hardware(self) -> None:
         """A GPU preset without a GPU is one line; more CPU processes than cores, one warning."""
@@ -213,11 +300,19 @@ class PaperlabCLI(LightningCLI):
                 raise ConfigError(f"--run.num_threads must be positive, got {threads}")
             torch.set_num_threads(threads)
         self._check_hardware()
-        self.experiment, self.run_name, self.ckpt_dir = self._run_settings()
+        self.experiment, self.run_name, self.named = self._run_settings()
+        self.base_name = self.run_name  # before a fresh fit or a resume picks an instance of it (yinyang #2)
+        self.experiment_dir = Path(self._value(self.config, "run").checkpoint_root) / self.experiment
+        self.earlier: str | None = None  # where an earlier run of this name left its files (the summary says)
         self.resolved_ckpt_path = None
         if self.subcommand:
-            self.resolved_ckpt_path = resolve_checkpoint(self._value(self.config, "ckpt_path"), self.ckpt_dir)
+            ckpt_path = self._value(self.config, "ckpt_path")
+            if ckpt_path in ("last", "best") and not self.named:
+                # the newest run of this name: "the same command plus --ckpt_path last" resumes the latest fit
+                self.run_name = instance_name(self.run_name, latest_instance(self.run_name, self.experiment_dir))
+            self.resolved_ckpt_path = resolve_checkpoint(ckpt_path, self._folder(self.run_name))
             self.config[f"{self.subcommand}.ckpt_path"] = self.resolved_ckpt_path
+        self.ckpt_dir = self._folder(self.run_name)
 
     def instantiate_classes(self) -> None:
         # the run's seed, for the task and the data to read instead of the environment or torch's state: set
@@ -238,16 +333,43 @@ class PaperlabCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         subcommand = self.subcommand or "fit"
+        trainer_config = self._value(self.config_init, "trainer", default={})
+        logged = trainer_config.get("logger") in (None, True)
+        if logged:
+            check_tracking_server(default_tracking_uri())  # before anything asks the store for names
         if subcommand == "fit" and self.resolved_ckpt_path is None and rank_zero_only.rank == 0:
-            archive_previous(self.ckpt_dir)
+            self._fresh_run_name(logged)
         elif subcommand == "fit":  # a resume continues in its own folder: a non-empty one is expected
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-        trainer_config = self._value(self.config_init, "trainer", default={})
-        if trainer_config.get("logger") in (None, True):
+        if logged:
             kwargs["logger"] = self._make_logger()
         user = list(trainer_config.get("callbacks") or [])
         kwargs["callbacks"] = user + self._diagnostics(user) + self._project_callbacks(trainer_config, user)
         return super().instantiate_trainer(**kwargs)
+
+    def _fresh_run_name(self, logged: bool) -> None:
+        """A fresh fit of a taken name: ``--run.name`` is taken as given (a sweep finds its points by name and
+        folder), so the earlier files move to ``<folder>.archive/<run id>/``; a name the CLI derived becomes
+        the next instance, ``yinyang #2``, and the earlier runs' files stay where they are. Rank 0 only:
+        other DDP ranks write no files and log nothing (checkpoint paths come from rank 0)."""
+        if self.named:
+            moved = archive_previous(self.ckpt_dir)
+            if moved is not None:
+                self.earlier = f"the earlier run's files under this name were moved to {moved}/"
+            return
+        base = self.run_name
+        names = mlflow_run_names(default_tracking_uri(), self.experiment, base) if logged else []
+        n = next_instance(base, self.experiment_dir, names)
+        if n == 1:
+            return
+        self.run_name, self.ckpt_dir = instance_name(base, n), self._folder(instance_name(base, n))
+        taken = taken_instances(base, self.experiment_dir, names)
+        local = {k: path for k, path in taken.items() if path is not None}
+        if local:
+            k = max(local)
+            self.earlier = f"earlier run '{instance_name(base, k)}': its files stay in {local[k]}/"
+        else:
+            self.earlier = f"earlier run '{instance_name(base, max(taken))}' is in MLflow (no files here)"
 
     def _diagnostics(self, user: list[Callback]) -> list[Callback]:
         """The ``--diagnostics`` preset, minus the classes the experiment already configures itself."""
@@ -265,18 +387,47 @@ class PaperlabCLI(LightningCLI):
 
     def _make_logger(self) -> PaperlabMLFlowLogger:
         uri = default_tracking_uri()
-        check_tracking_server(uri)
         run = self._value(self.config, "run")
+        subcommand = self.subcommand or "fit"
         tags = dict(run.tags or {})
         if run.parent_run_id:
             tags["mlflow.parentRunId"] = run.parent_run_id
-        if self.overrides and (self.subcommand or "fit") == "fit":
+        if self.overrides and subcommand == "fit":
             tags["overrides"] = " ".join(f"--{k} {v}" for k, v in self.overrides)
             tags["mlflow.note.content"] = "python main.py " + shlex.join(self.argv)
+        presets = trainer_presets(self.argv)
+        if presets and subcommand == "fit":
+            tags["trainer_preset"] = " ".join(presets)  # hardware: a tag (and the params), never the name
         ckpt = self.resolved_ckpt_path
         run_id = run_id_for_checkpoint(Path(ckpt), uri) if ckpt else None
+        # validate/test/predict of a trained run log into it without ending it again (its duration stays)
         return PaperlabMLFlowLogger(experiment_name=self.experiment, run_name=self.run_name, tracking_uri=uri,
-                                    tags=tags, run_id=run_id)
+                                    tags=tags, run_id=run_id, keep_end_time=subcommand != "fit")
+
+    # --- running a subcommand: Ctrl-C ends in a summary, not in Lightning's bare exit(1) -----------------------
+    # LightningCLI runs ``self.<subcommand>`` when the CLI defines it (else ``trainer.<subcommand>``).
+    def fit(self, **kwargs: Any) -> None:
+        self._run_handling_interrupt("fit", kwargs)
+
+    def validate(self, **kwargs: Any) -> None:
+        self._run_handling_interrupt("validate", kwargs)
+
+    def test(self, **kwargs: Any) -> None:
+        self._run_handling_interrupt("test", kwargs)
+
+    def predict(self, **kwargs: Any) -> None:
+        self._run_handling_interrupt("predict", kwargs)
+
+    def _run_handling_interrupt(self, subcommand: str, kwargs: dict[str, Any]) -> None:
+        try:
+            getattr(self.trainer, subcommand)(**kwargs)
+        except SystemExit:
+            # Lightning handles a KeyboardInterrupt (checkpoint callbacks' on_exception, loggers finalized, so
+            # the run is KILLED) and then calls sys.exit(1); what is left is to say so and exit as Ctrl-C does
+            if not self.trainer.interrupted:
+                raise
+            self._summary(subcommand, interrupted=True)
+            raise SystemExit(INTERRUPTED_EXIT_CODE) from None
 
     # --- what the user sees at the end -----------------------------------------------------------------------
     def after_fit(self) -> None:
@@ -291,38 +442,106 @@ class PaperlabCLI(LightningCLI):
     def after_predict(self) -> None:
         self._summary("predict")
 
-    def _summary(self, stage: str) -> None:
-        """The result in a few lines: the monitored metric and its best, the evaluation metrics, where the
-        run, the checkpoints and the predictions are, and how to open the MLflow UI."""
+    def _summary(self, stage: str, interrupted: bool = False) -> None:
+        """The result in a few lines: the metrics the task declares first (``PaperTask.summary_metrics``), the
+        monitored metric and its best, the evaluation metrics, why a fit stopped, the MLflow run and a link to
+        the runs table, where the checkpoints and predictions are, where an earlier run of the name is, and
+        after Ctrl-C where ``interrupted.ckpt`` is and the command that resumes."""
         trainer = self.trainer
         if not trainer.is_global_zero:
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-        lines = [f"paperlab {stage} finished: {self.experiment} / {self.run_name}"]
+        if interrupted:
+            # a fit's run ends KILLED; an evaluation leaves the run it logged into as its fit ended it
+            what = "KILLED (Ctrl-C)" if stage == "fit" else "interrupted (Ctrl-C)"
+            head = (f"paperlab {stage} {what} at step {trainer.global_step}, epoch {trainer.current_epoch}: "
+                    f"{self.experiment} / {self.run_name}")
+        else:
+            head = f"paperlab {stage} finished: {self.experiment} / {self.run_name}"
+        lines = [head]
+        first = [m for m in self.model.summary_metrics if stage == "fit" or m in metrics]
+        if first:
+            lines.append("  " + ", ".join(f"{m} {metrics[m]:.4g}" if m in metrics else f"{m} not logged"
+                                          for m in first))
         monitor = self.model.monitor
         best = next((c.best for c in trainer.callbacks if isinstance(c, BestMetric)), None)
         if stage == "fit" and monitor in metrics:
             lines.append(f"  {monitor}: last {metrics[monitor]:.4g}" + (f", best {best:.4g}" if best is not None else ""))
         if stage in ("validate", "test"):
             prefix = "val/" if stage == "validate" else "test/"
-            shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(prefix))
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())
+                              if k.startswith(prefix) and k not in first)
             lines.append(f"  {shown or 'no ' + prefix + ' metrics'}")
+        if stage == "fit" and not interrupted:
+            lines.append(f"  stopped: {stop_reason(trainer)}")
         logger = trainer.logger
         if isinstance(logger, PaperlabMLFlowLogger):
-            lines.append(f"  MLflow run {logger.run_id} in experiment '{self.experiment}': "
-                         f"mlflow ui --backend-store-uri {logger.tracking_uri}")
-        if stage == "predict":
+            status = " (marked KILLED)" if interrupted and stage == "fit" else ""
+            lines.append(f"  MLflow run {logger.run_id} in experiment '{self.experiment}'{status}")
+            lines.append(f"  runs table: {self._runs_link(logger, stage, metrics)}")
+            if not logger.tracking_uri.startswith(("http://", "https://")):
+                lines.append(f"    (start the UI first: python main.py ui, or mlflow ui --backend-store-uri "
+                             f"{logger.tracking_uri})")
+        if stage == "predict" and not interrupted:
             lines.append(f"  predictions: {Path(self.ckpt_dir) / 'predictions.pt'}")
         if self.ckpt_dir.is_dir():
             files = sorted(p.name for p in self.ckpt_dir.glob("*.ckpt"))
             lines.append(f"  checkpoints: {self.ckpt_dir}/ ({', '.join(files) or 'none'})")
+        if self.earlier and stage == "fit":
+            lines.append(f"  {self.earlier}")
+        if interrupted and stage == "fit":
+            lines += self._resume_lines()
         print("\n".join(lines), flush=True)
+
+    def _runs_link(self, logger: PaperlabMLFlowLogger, stage: str, metrics: dict[str, float]) -> str:
+        """The experiment's runs table in Model-training mode, its columns the metrics this summary shows
+        and the params this run's command line overrode (a saved view, ``tracking.runs_view``)."""
+        from mlflow.exceptions import MlflowException
+
+        base = ui_base_url(logger.tracking_uri)
+        monitor = self.model.monitor
+        shown = [*self.model.summary_metrics, f"{monitor}_best", monitor]
+        if stage in ("validate", "test"):
+            prefix = "val/" if stage == "validate" else "test/"
+            shown += sorted(k for k in metrics if k.startswith(prefix))
+        try:
+            client = logger.experiment
+            params = client.get_run(logger.run_id).data.params
+            columns = override_params([k for k, _ in self.overrides], params)
+            short = [c.rsplit(".", 1)[-1] for c in columns]
+            name = f"paperlab: {monitor}" + (f" by {', '.join(short)}" if short else "")
+            key = save_view(client, logger.experiment_id, view_state(shown, columns), name)
+        except MlflowException:  # a read-only or older store: the link without columns still opens the runs
+            key = None
+        return runs_url(base, logger.experiment_id, key)
+
+    def _resume_lines(self) -> list[str]:
+        """Where the interrupted state is and the command that resumes it. ``last.ckpt`` resumes exactly (the
+        newest epoch end or within-epoch save); ``interrupted.ckpt`` holds the weights at the Ctrl-C, for
+        evaluation: a Ctrl-C inside a step leaves the loader past a batch the loop has not counted, and a
+        resume from it skips that batch (docs/design.md, "Runs, checkpoints, resume")."""
+        lines = []
+        interrupted_ckpt = self.ckpt_dir / "interrupted.ckpt"
+        if interrupted_ckpt.is_file():
+            lines.append(f"  interrupted.ckpt: {interrupted_ckpt} (the weights at Ctrl-C: "
+                         f"test --ckpt_path {interrupted_ckpt})")
+        argv = without_option(self.argv, "ckpt_path")
+        if self.run_name != self.base_name:
+            argv += ["--run.name", self.run_name]  # an instance (yinyang #2): resume that one, not a newer one
+        if (self.ckpt_dir / "last.ckpt").is_file():
+            lines.append(f"  resume: python main.py {shlex.join([*argv, '--ckpt_path', 'last'])}")
+        else:
+            lines.append("  nothing to resume from (no last.ckpt yet): run the command again")
+        return lines
 
     def _project_callbacks(self, config: dict[str, Any], user: list[Callback]) -> list[Callback]:
         monitor = self.model.monitor
         mode = self.model.monitor_mode
         ckpt_dir = str(self.ckpt_dir)
         out: list[Callback] = [RunRegistry(ckpt_dir), InterruptCheckpoint(ckpt_dir)]
+        if config.get("enable_progress_bar", True) is not False and importlib.util.find_spec("rich") is not None \
+                and not any(isinstance(c, ProgressBar) for c in user):
+            out.append(PaperlabProgressBar())
         if not any(isinstance(c, FiniteLossGuard) for c in user):
             out.append(FiniteLossGuard())
         if config.get("enable_checkpointing", True) is not False and not any(

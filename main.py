@@ -4,6 +4,7 @@
     python main.py sweep --config configs/<method>/<study>_sweep.yaml
     python main.py compare --experiment <method> --sweep <study> --metric test/acc --by <key>
     python main.py papers [--write]
+    python main.py ui [--port 5000] [--host 127.0.0.1]
 
 The training subcommands are LightningCLI (``lightning_cli.PaperlabCLI``); ``sweep`` and ``compare`` are
 ``sweeps.cli`` and start without importing torch or Lightning; so does ``papers`` (``sweeps.papers``), which
@@ -26,6 +27,8 @@ studies:
   sweep      run a sweep file's points as child runs of one MLflow run (docs/sweeps.md)
   compare    compare runs over seeds: table, figure, CSV
   papers     the README's methods table from docs/papers/*.md front matter (--write rewrites it)
+results:
+  ui         serve the MLflow UI on the runs' store; a link per experiment to its runs table
 
 example: python main.py fit --config configs/mlp_classifier/yinyang.yaml"""
 
@@ -41,6 +44,10 @@ def cli_main(args: list[str] | None = None) -> int:
         from sweeps.papers import main as papers_main
 
         return papers_main(argv[1:])
+    if argv and argv[0] == "ui":
+        from tracking.ui import main as ui_main
+
+        return ui_main(argv[1:])
     if not argv or argv[0] in ("-h", "--help") and len(argv) == 1:
         print(USAGE, file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2

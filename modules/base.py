@@ -175,6 +175,9 @@ class PaperTask(LightningModule):
     paper_id: ClassVar[str]
     monitor: ClassVar[str]
     monitor_mode: ClassVar[Literal["min", "max"]]
+    #: metrics the end-of-command summary prints first, before the monitored one (e.g. a simulated method's
+    #: time to target and why it stopped); the runs-table link shows them as columns too
+    summary_metrics: ClassVar[tuple[str, ...]] = ()
     #: when a scheduler steps: once per "epoch" or once per optimiser "step"
     scheduler_interval: ClassVar[Literal["epoch", "step"]] = "epoch"
     #: steps whose metric inputs are kept (detached) before each metric gets them in one update: a

@@ -78,6 +78,7 @@ class SimulatedDistributedSGD(SimulatedServerTask):
     """
 
     paper_id = "002-11"
+    summary_metrics = ("train/time_to_target", "train/target_reached", "train/steps_to_target", "train/diverged")
 
     def __init__(
         self,

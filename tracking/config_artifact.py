@@ -77,4 +77,6 @@ class ConfigArtifact(SaveConfigCallback):
             # Run controls, not hyperparameters: they legitimately change between a run and its resume.
             for key in ("config", "ckpt_path", "weights_only"):
                 params.pop(key, None)
+            # the run's name is MLflow's run name; a resume may give it explicitly (--run.name 'yinyang #2')
+            (params.get("run") or {}).pop("name", None)
             logger.log_hyperparams(params)

@@ -8,7 +8,9 @@ Differences from Lightning's ``MLFlowLogger`` and why:
   ``_class_path`` noise is dropped, and a param that already exists in the run (a resume) is not sent
   again: if its value changed, the new value goes to a ``param_changed.<key>`` tag instead of crashing;
 - the logger decides how a run ends: an interrupted run (Ctrl-C: ``finalize`` is called while the
-  ``KeyboardInterrupt`` is being handled) ends as KILLED rather than FAILED;
+  ``KeyboardInterrupt`` is being handled) ends as KILLED rather than FAILED; an evaluation logged into a run
+  that has ended (``keep_end_time``: ``validate``/``test``/``predict --ckpt_path``) leaves its status and end
+  time as they were, so the UI's duration stays the training's;
 - metrics are buffered and written in one batch at most every ``flush_every_s`` seconds (and when the run
   ends, fails or is interrupted): one synchronous sqlite commit costs about 10 ms, several training steps
   of the small models most papers here train. MLflow's own asynchronous mode instead costs one to two
@@ -73,6 +75,8 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         tags: tags set when the run is created.
         run_id: continue this run instead of creating one (resume, test of a trained checkpoint).
         flush_every_s: write buffered metrics at most this often (0: write every call).
+        keep_end_time: with ``run_id``: never end the run (an evaluation of a trained run must not stretch
+            its duration, end_time - start_time); its status and end time stay those its fit set.
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         tags: dict[str, Any] | None = None,
         run_id: str | None = None,
         flush_every_s: float = 5.0,
+        keep_end_time: bool = False,
     ) -> None:
         uri = tracking_uri or default_tracking_uri()
         prepare_store(uri, None if run_id else experiment_name)
@@ -106,6 +111,7 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         self._continues = run_id is not None
         self._logged: set[tuple[str, int]] | None = None
         self._last_step: dict[str, int] = {}
+        self._keep_end_time = keep_end_time and run_id is not None
 
     @property
     def tracking_uri(self) -> str:
@@ -212,4 +218,11 @@ class PaperlabMLFlowLogger(MLFlowLogger):
             status = "KILLED"  # Lightning finalizes while it handles the Ctrl-C
         if self._pending:
             self.flush()
+        if self._keep_end_time:
+            # An evaluation logged into a run its fit has ended: ending it again would stamp the current time
+            # as its end (set_terminated), and the UI's duration would become training + the time until this
+            # test. Metrics, tags and artifacts go into an ended run without reopening it, so the run keeps
+            # its status and end time by not being ended here. A run still RUNNING (a fit elsewhere, a
+            # process killed with -9) is left for its own process (or a sweep) to end.
+            return
         retry_locked(super().finalize, status)
