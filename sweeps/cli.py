@@ -169,10 +169,12 @@ def _guard(fn, argv: list[str], bad_input: int) -> int:
         return bad_input
 
 
-def _plan(args: argparse.Namespace):
+def build_plan(args: argparse.Namespace):
+    """The sweep's plan: the file read, its keys put in their full form and checked against the base config,
+    its points expanded (imports the trainer: in a sweep worker when there is one, see ``WorkerPool.plan``)."""
     from sweeps.launchers import trainer_args
     from sweeps.runner import SweepPlan
-    from sweeps.spec import canonicalize, checkpoint_root, expand, experiment_of, load_sweep, validate
+    from sweeps.spec import canonicalize, checkpoint_root, expand, experiment_of, load_sweep, monitor_of, validate
     from tracking.uri import default_tracking_uri
 
     spec = load_sweep(args.config)
@@ -187,22 +189,11 @@ def _plan(args: argparse.Namespace):
         checkpoint_root=checkpoint_root(resolved, spec.overrides),
         tracking_uri=default_tracking_uri(),
         extra_args=extra,
+        monitor=monitor_of(resolved, spec.overrides),
     )
 
 
 def sweep_main(argv: list[str]) -> int:
-    from sweeps import launchers
-    from sweeps.runner import (
-        InProcess,
-        Subprocesses,
-        SweepRunner,
-        client_for,
-        dry_run_table,
-        ensure_parent,
-        find_parent,
-    )
-    from tracking.uri import check_tracking_server
-
     args = sweep_parser().parse_args(argv)
     if args.workers < 1:
         raise SweepError(f"--workers must be at least 1, got {args.workers}")
@@ -214,7 +205,44 @@ def sweep_main(argv: list[str]) -> int:
         spec = load_sweep(args.config)
         print(f"sweep {spec.name}: {len(expand(spec))} point(s) of {spec.base.name}; checking them against the "
               "base config ...", flush=True)
-    plan = _plan(args)
+    pool = None
+    if not args.dry_run and not args.in_process and args.launcher == "local" and not args.exec_prefix and (
+        args.nodes * args.devices_per_node == 1
+    ):
+        from sweeps.runner import WorkerPool
+        from sweeps.spec import load_sweep
+
+        # started now: the workers (their fork server) import torch, Lightning and MLflow while this process
+        # imports MLflow; the first of them then checks the sweep
+        base = load_sweep(args.config).base
+        pool = WorkerPool(args.workers, warmup=["fit", "--config", str(base), "--print_config"])
+        pool.start()
+    try:
+        return _run_sweep(args, pool, argv)
+    finally:
+        if pool is not None:
+            pool.close(timeout=0)  # a no-op after a run (the runner closed it); at once after an error
+
+
+def _run_sweep(args: argparse.Namespace, pool, argv: list[str]) -> int:
+    from sweeps import launchers
+    from sweeps.runner import (
+        InProcess,
+        Subprocesses,
+        SweepRunner,
+        client_for,
+        dry_run_table,
+        earlier_durations,
+        ensure_parent,
+        estimate_line,
+        find_parent,
+        last_line,
+        point_states,
+    )
+    from tracking.uri import check_tracking_server
+
+    # in a worker when there is one: this process then never imports torch or Lightning
+    plan = pool.plan(argv) if pool is not None else build_plan(args)
     n = len(plan.points)
     only = sorted(set(args.point)) if args.point else None
     if only and not all(0 <= i < n for i in only):
@@ -226,11 +254,15 @@ def sweep_main(argv: list[str]) -> int:
 
     if args.dry_run:
         client = parent = None
+        durations: dict[str, list[float]] = {}
         if _store_exists(plan.tracking_uri):
             check_tracking_server(plan.tracking_uri)
             client = client_for(plan.tracking_uri)
             parent = find_parent(client, plan.experiment, plan.spec.name)
-        print("\n".join(dry_run_table(plan, parent, client)))
+            durations = earlier_durations(client, plan)
+        states = point_states(plan, parent, client)
+        print("\n".join(dry_run_table(plan, parent, client, states)))
+        print(estimate_line(plan, states, durations, args.workers))
         parent_id = parent.info.run_id if parent is not None else "<parent run id>"
         _print_commands(args, plan, parent_id, only)
         return 0
@@ -254,6 +286,8 @@ def sweep_main(argv: list[str]) -> int:
 
     if args.in_process:
         executor = InProcess()
+    elif pool is not None:
+        executor = pool
     else:
         prefix = shlex.split(args.exec_prefix) if args.exec_prefix else []
         if args.launcher == "torchrun":
@@ -271,6 +305,7 @@ def sweep_main(argv: list[str]) -> int:
     )
     for o in failed:
         print(f"  FAILED {o.point.run_name}: {o.message}; log: {plan.log_dir / (o.point.run_name + '.log')}")
+    print(last_line(plan, runner.client))
     if killed:
         return EXIT_INTERRUPTED
     return min(len(failed), MAX_FAILED_CODE)

@@ -11,6 +11,7 @@ far as opening one) with its log attached, and the other points go on.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -31,6 +32,16 @@ from sweeps.spec import REPO, Point, SweepSpec, canonical, expand
 
 PARENT_ROLE = "parent"
 DONE_TAG = "sweep.done"
+# tracking.run_registry.RUN_FILE, read here without importing that module (it imports torch and Lightning,
+# which the runner's process does not need when its points run in workers)
+RUN_FILE = "mlflow_run.json"
+
+
+def _run_record(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(directory) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass
@@ -43,6 +54,7 @@ class SweepPlan:
     checkpoint_root: Path
     tracking_uri: str
     extra_args: list[str] = field(default_factory=list)  # launcher overrides (nodes, devices) for every step
+    monitor: str | None = None  # the task's monitored metric (val/acc): what `compare` is pointed at
 
     @property
     def log_dir(self) -> Path:
@@ -316,6 +328,177 @@ class Subprocesses:
                     pass
 
 
+# what every worker needs, imported once by the fork server (see WorkerPool): 5-8 s of CPU per process
+PRELOAD = ["lightning_cli", "mlflow", "mlflow.store.tracking.sqlalchemy_store", "sweeps.worker"]
+
+
+def _context() -> Any:
+    """``forkserver`` (every worker forked from one process that imported ``PRELOAD``), else ``spawn``."""
+    import multiprocessing
+
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)  # no effect once this process's fork server runs: it has them
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+class _Worker:
+    """One worker process (``sweeps.worker.worker_main``) and its end of their pipe."""
+
+    def __init__(self, ctx: Any, cwd: Path, warmup: list[str] | None) -> None:
+        from sweeps.worker import worker_main
+
+        self.conn, theirs = ctx.Pipe()
+        # this process's environment now, not the fork server's from when it started (a test sets its own)
+        self.proc = ctx.Process(target=worker_main, args=(theirs, dict(os.environ), str(cwd), warmup),
+                                name="paperlab-sweep-worker", daemon=True)
+        self.proc.start()
+        theirs.close()
+        self.busy = False
+
+    def alive(self) -> bool:
+        return self.proc.is_alive()
+
+    def ask(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """Send one request and wait for its answer; None when the worker died (see ``proc.exitcode``)."""
+        try:
+            self.conn.send(request)
+            return self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join()
+            return None
+
+    def run(self, args: list[str], log_file: Path | None) -> int:
+        """Run one command and return its exit code; a worker that died answers with its own."""
+        answer = self.ask({"args": args, "log": str(log_file) if log_file else None})
+        if answer is None:  # the worker is gone: its exit status (negative: the signal that killed it)
+            rc = self.proc.exitcode
+            if log_file is not None:
+                with open(log_file, "a") as log:
+                    log.write(f"\nthe sweep worker running this command died (exit status {rc})\n")
+            return rc or 1
+        return int(answer["rc"])
+
+    def signal(self, sig: int) -> None:
+        if self.proc.is_alive() and self.proc.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """End of input: the worker exits once its command is done, killed after ``timeout`` seconds. An idle
+        worker (``timeout=0``) is terminated at once: its last command returned with its run closed and its
+        files written, and its interpreter's own exit (torch's teardown) costs a second or two."""
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        if timeout <= 0:
+            self.proc.terminate()
+        self.proc.join(max(timeout, 5.0))
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+
+class WorkerPool:
+    """Runs each command in one of ``size`` long-lived worker processes (``sweeps/worker.py``).
+
+    The workers are forked from one fork server that imported torch, Lightning and MLflow once
+    (``PRELOAD``): a point's fit and test then cost their own time plus the command line's parsing, not two
+    interpreter start-ups (5-8 s of CPU each), and a second worker, or one that replaces a crashed worker,
+    costs no import at all. ``start`` launches them at once, so that the imports overlap this process's
+    own start. The sweep's checks run in a worker too (``plan``): this process never imports torch. A point
+    still runs in a process of its own, apart from the runner, so a point that crashes its interpreter
+    fails alone.
+    """
+
+    def __init__(self, size: int, cwd: Path | None = None, warmup: list[str] | None = None) -> None:
+        self.size = max(1, size)
+        self.cwd = cwd or Path.cwd()
+        self.warmup = warmup  # a command each worker runs first, output discarded (see sweeps/worker.py)
+        self._ctx = _context()
+        self._idle: list[_Worker] = []
+        self._all: list[_Worker] = []
+        self._lock = threading.Condition()
+
+    def _new(self) -> _Worker:
+        return _Worker(self._ctx, self.cwd, self.warmup)
+
+    def start(self) -> None:
+        with self._lock:
+            while len(self._all) < self.size:
+                worker = self._new()
+                self._all.append(worker)
+                self._idle.append(worker)
+
+    def _take(self) -> _Worker:
+        with self._lock:
+            if not self._all:
+                self.start()
+            while not self._idle:
+                self._lock.wait()
+            worker = self._idle.pop(0)
+            if not worker.alive():  # died since its last command: replaced
+                self._all.remove(worker)
+                worker = self._new()
+                self._all.append(worker)
+            worker.busy = True
+            return worker
+
+    def _give_back(self, worker: _Worker) -> None:
+        with self._lock:
+            worker.busy = False
+            self._idle.append(worker)
+            self._lock.notify()
+
+    def plan(self, argv: list[str]) -> SweepPlan:
+        """The sweep's plan (``sweeps.cli.build_plan``), built by a worker: the checks import the trainer,
+        which the worker has imported anyway; this process never does."""
+        from sweeps.spec import SweepError
+
+        worker = self._take()
+        try:
+            answer = worker.ask({"plan": list(argv)})
+        finally:
+            self._give_back(worker)
+        if answer is None:
+            raise SweepError(f"a sweep worker died while checking the sweep (exit status {worker.proc.exitcode})")
+        if "plan" not in answer:
+            if answer.get("sweep_error"):
+                raise SweepError(answer["error"])
+            raise RuntimeError(f"a sweep worker failed while checking the sweep:\n{answer['error']}")
+        return answer["plan"]
+
+    def __call__(self, args: list[str], log_file: Path | None) -> int:
+        worker = self._take()
+        try:
+            return worker.run(args, log_file)
+        finally:
+            self._give_back(worker)
+
+    def stop_all(self, grace: float = 10.0) -> None:
+        """Stop the running points as ``Subprocesses.stop_all`` does (SIGINT: Lightning's graceful Ctrl-C,
+        then SIGTERM, then SIGKILL), then the idle workers."""
+        with self._lock:
+            busy = [w for w in self._all if w.busy]
+        for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            alive = [w for w in busy if w.alive()]
+            if not alive:
+                break
+            for worker in alive:
+                worker.signal(sig)
+            deadline = time.monotonic() + wait_s
+            for worker in alive:
+                worker.proc.join(max(0.1, deadline - time.monotonic()))
+        self.close()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Idle workers end at once; one still running a command gets ``timeout`` seconds to finish it."""
+        with self._lock:
+            workers, self._all, self._idle = list(self._all), [], []
+        for worker in workers:
+            worker.close(timeout if worker.busy else 0)
+
+
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -379,6 +562,9 @@ class SweepRunner:
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
+            close = getattr(self.executor, "close", None)
+            if close is not None:
+                close()
             restore()
             self._close_parent(interrupted, partial=only is not None)
         return outcomes
@@ -425,9 +611,7 @@ class SweepRunner:
         return Outcome(point, "FINISHED", run_id, time.time() - t0, self._headline(run_id))
 
     def _child_run_id(self, point: Point, since: float) -> str | None:
-        from tracking.run_registry import read_run_record
-
-        record = read_run_record(self.plan.ckpt_dir(point))
+        record = _run_record(self.plan.ckpt_dir(point))
         if record and record.get("run_id"):
             return record["run_id"]
         runs = [
@@ -501,26 +685,125 @@ def _sigterm_as_interrupt() -> Callable[[], None]:
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
-def dry_run_table(plan: SweepPlan, parent: Any | None, client: Any | None) -> list[str]:
-    """One line per point: index, state (done / needs test / todo), run name, swept values."""
+def point_states(plan: SweepPlan, parent: Any | None, client: Any | None) -> dict[str, str]:
+    """Each point's state by run name: ``done``, ``needs_test`` or ``todo``."""
     existing = children(client, plan, parent.info.run_id) if parent is not None and client is not None else {}
+    return {p.run_name: point_state(existing.get(p.run_name, []), plan.spec.test)[0] for p in plan.points}
+
+
+def dry_run_table(plan: SweepPlan, parent: Any | None, client: Any | None,
+                  states: dict[str, str] | None = None) -> list[str]:
+    """One line per point: index, state (done / needs test / todo), run name, swept values."""
+    states = states if states is not None else point_states(plan, parent, client)
     lines = [
         f"sweep {plan.spec.name}: {len(plan.points)} point(s) of {_display_path(plan.spec.base)} "
         f"in experiment '{plan.experiment}'" + (f", parent run {parent.info.run_id}" if parent else "")
     ]
     for p in plan.points:
-        state = point_state(existing.get(p.run_name, []), plan.spec.test)[0]
-        lines.append(f"  {p.index:4d}  {state:10s}  {p.run_name}  {canonical(p.values)} seed={p.seed}")
+        lines.append(f"  {p.index:4d}  {states[p.run_name]:10s}  {p.run_name}  {canonical(p.values)} seed={p.seed}")
     return lines
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the dry run estimates and what the sweep's last line points to.
+
+
+def earlier_durations(client: Any, plan: SweepPlan) -> dict[str, list[float]]:
+    """Seconds from start to end of every finished, done run of this sweep's points in MLflow (under any
+    parent of a sweep of this name), by run name, newest first. A child's run spans its fit and its test."""
+    from mlflow.entities import ViewType
+
+    exp = client.get_experiment_by_name(plan.experiment)
+    if exp is None:
+        return {}
+    names = {p.run_name for p in plan.points}
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.`sweep.name` = '{plan.spec.name}' and attributes.status = 'FINISHED'",
+        run_view_type=ViewType.ACTIVE_ONLY,
+        order_by=["attributes.start_time DESC"],
+        max_results=50000,
+    )
+    out: dict[str, list[float]] = {}
+    for run in runs:
+        name = run.info.run_name
+        if name in names and run.data.tags.get(DONE_TAG) and run.info.end_time and run.info.start_time:
+            out.setdefault(name, []).append((run.info.end_time - run.info.start_time) / 1000)
+    return out
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    hours, rest = divmod(seconds, 3600)
+    return (f"{hours} h " if hours else "") + f"{rest // 60} min" + (f" {rest % 60} s" if not hours else "")
+
+
+def estimate_line(plan: SweepPlan, states: dict[str, str], durations: dict[str, list[float]], workers: int) -> str:
+    """``estimated time: ...`` for the points not done, from the MLflow durations of earlier runs of the same
+    points: a point's own newest run, else the median of all of them; a point that needs only its test is
+    counted as a whole point (an upper bound). Points run ``workers`` at a time."""
+    remaining = [p for p in plan.points if states.get(p.run_name) != "done"]
+    if not remaining:
+        return "estimated time: nothing to run, every point is done"
+    known = [d[0] for d in durations.values() if d]
+    if not known:
+        return ("estimated time: unknown, no earlier finished run of these points in MLflow (a first run of the "
+                "sweep records one)")
+    import statistics
+
+    median = statistics.median(known)
+    costs = [durations[p.run_name][0] if durations.get(p.run_name) else median for p in remaining]
+    own = sum(1 for p in remaining if durations.get(p.run_name))
+    wall = max(sum(costs) / max(1, min(workers, len(costs))), max(costs))
+    return (f"estimated time: {len(remaining)} of {len(plan.points)} point(s) to run, about {_duration(wall)} with "
+            f"--workers {workers} (MLflow durations of {len(known)} earlier run(s) of these points, median "
+            f"{median:.1f} s; {own} point(s) timed by their own earlier run, the others at the median)")
+
+
+def ui_link(tracking_uri: str, experiment_id: str) -> str:
+    """The MLflow UI's runs page of an experiment: the tracking server's own address, or ``mlflow ui``'s
+    default address for a local store."""
+    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
+def compare_command(plan: SweepPlan) -> str:
+    """``python main.py compare`` for this sweep: the test metric (or the best of the monitored one) grouped
+    by every swept key that varies between the points (short form; none for a seed study)."""
+    import shlex
+
+    monitor = plan.monitor or "val/loss"
+    metric = f"test/{monitor.split('/', 1)[-1]}" if plan.spec.test else f"{monitor}_best"
+    keys = list(dict.fromkeys(k for p in plan.points for k in p.values))
+    varying = [k for k in keys if len({canonical({"v": p.values.get(k)}) for p in plan.points}) > 1]
+    by = "".join(f" --by {shlex.quote(k.replace('.init_args.', '.'))}" for k in varying)
+    return (f"python main.py compare --experiment {shlex.quote(plan.experiment)} --sweep "
+            f"{shlex.quote(plan.spec.name)} --metric {metric}{by}")
+
+
+def last_line(plan: SweepPlan, client: Any) -> str:
+    """The sweep's last line: how to compare its runs, and where the MLflow UI shows them."""
+    exp = client.get_experiment_by_name(plan.experiment)
+    ui = ui_link(plan.tracking_uri, exp.experiment_id if exp is not None else "0")
+    served = "" if plan.tracking_uri.startswith(("http://", "https://")) else (
+        f" (after: mlflow ui --backend-store-uri {plan.tracking_uri})")
+    return f"compare: {compare_command(plan)} | MLflow UI: {ui}{served}"
 
 
 __all__ = [
     "InProcess",
+    "WorkerPool",
     "Outcome",
     "Subprocesses",
     "SweepPlan",
     "SweepRunner",
+    "compare_command",
     "dry_run_table",
+    "earlier_durations",
+    "estimate_line",
+    "last_line",
     "ensure_parent",
     "expand",
     "find_parent",

@@ -429,6 +429,19 @@ def experiment_of(resolved: dict[str, Any], overrides: dict[str, Any]) -> str:
         return module_name.split(".")[1] if module_name.startswith("modules.") else cls_name.lower()
 
 
+def monitor_of(resolved: dict[str, Any], overrides: dict[str, Any]) -> str | None:
+    """The metric the base config's task monitors (``PaperTask.monitor``, e.g. ``val/acc``), or None."""
+    import importlib
+
+    class_path = overrides.get("model.class_path") or (resolved.get("model") or {}).get("class_path", "")
+    module_name, _, cls_name = str(class_path).rpartition(".")
+    try:
+        monitor = getattr(getattr(importlib.import_module(module_name), cls_name), "monitor", None)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return monitor if isinstance(monitor, str) and monitor else None
+
+
 def checkpoint_root(resolved: dict[str, Any], overrides: dict[str, Any]) -> Path:
     return Path(
         str(

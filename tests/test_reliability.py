@@ -183,3 +183,24 @@ def test_four_concurrent_fits_into_one_fresh_sqlite_store_all_finish_with_full_h
         assert r.info.status == "FINISHED"
         assert len(c.get_metric_history(r.info.run_id, "val/acc")) == 3  # one point an epoch, none lost
         assert len(c.get_metric_history(r.info.run_id, "train/loss")) == 3
+
+
+def test_a_failed_background_metrics_write_is_raised_on_the_training_thread_and_its_metrics_kept(
+    paperlab_tmp: Path,
+) -> None:
+    from mlflow.exceptions import MlflowException
+
+    from tracking.mlflow_logger import PaperlabMLFlowLogger
+
+    logger = PaperlabMLFlowLogger(experiment_name="writer", run_name="gone", flush_every_s=3600)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.flush()
+    assert [m.value for m in client().get_metric_history(logger.run_id, "a")] == [1.0]
+    client().delete_run(logger.run_id)  # the store now refuses writes to the run
+    logger.log_metrics({"a": 2.0}, step=1)
+    logger.flush(wait=False)  # handed to the writer thread: returns at once
+    # until it is known written, a checkpoint would carry it (a failed write included)
+    assert [[k, v, s] for k, v, _, s in logger.unflushed()] == [["a", 2.0, 1]]
+    with pytest.raises(MlflowException):
+        logger.flush()  # the write's error, raised here on the training thread
+    logger.flush()  # raised once, not at every later flush

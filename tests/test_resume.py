@@ -86,3 +86,59 @@ def test_fresh_fit_archives_the_previous_runs_checkpoints(paperlab_tmp: Path) ->
     assert (archived / "last.ckpt").is_file()
     assert second.info.run_id in (run_dir / "mlflow_run.json").read_text()
     assert first.info.run_id in (archived / "mlflow_run.json").read_text()
+
+
+_KILLED_BEFORE_ANY_FLUSH = """
+import sys
+sys.path.insert(0, {repo!r})
+import lightning as L
+from callbacks.checkpoints import LastCheckpoint
+from datamodules.yinyang import YinYangDataModule
+from modules.mlp_classifier import MLPClassifier
+from tests.helpers import SignalAtStep, mlp_net, sgd
+from tracking.mlflow_logger import PaperlabMLFlowLogger
+
+logger = PaperlabMLFlowLogger(experiment_name="unflushed", run_name="killed", flush_every_s=3600)
+print("RUN", logger.run_id, flush=True)
+trainer = L.Trainer(max_epochs=4, logger=logger, enable_progress_bar=False, enable_model_summary=False,
+                    num_sanity_val_steps=0, callbacks=[LastCheckpoint({ckpt!r}, min_interval_s=0),
+                                                       SignalAtStep(step=2 * 4 + 2, signum=9)])
+trainer.fit(MLPClassifier(net=mlp_net([8]), input_shape=(4,), num_classes=3, optimizer=sgd(0.1)),
+            YinYangDataModule(train_size=128, val_size=64, test_size=64, batch_size=32, seed=0))
+"""
+
+
+def test_metrics_a_checkpoint_saw_survive_kill_9_though_none_were_flushed(paperlab_tmp: Path) -> None:
+    """A save writes no metrics (no sqlite commit per epoch): the checkpoint carries the unwritten ones and the
+    resume writes them, so the run's history is whole."""
+    import subprocess
+    import sys
+
+    import lightning as L
+
+    from callbacks.checkpoints import UNFLUSHED, LastCheckpoint
+    from datamodules.yinyang import YinYangDataModule
+    from modules.mlp_classifier import MLPClassifier
+    from tests.helpers import mlp_net, sgd
+    from tracking.mlflow_logger import PaperlabMLFlowLogger
+
+    ckpt = paperlab_tmp / "ck"
+    code = _KILLED_BEFORE_ANY_FLUSH.format(repo=str(REPO), ckpt=str(ckpt))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=paperlab_tmp, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    run_id = proc.stdout.split("RUN ", 1)[1].split()[0]
+    assert client().get_metric_history(run_id, "val/acc") == []  # nothing reached the store before the kill
+    state = torch.load(ckpt / "last.ckpt", weights_only=False)
+    assert state["global_step"] == 8  # 4 steps an epoch, killed after the second step of the third
+    carried = sorted({(k, s) for k, _, _, s in state[UNFLUSHED] if k == "val/acc"})
+    assert carried == [("val/acc", 3), ("val/acc", 7)]
+
+    logger = PaperlabMLFlowLogger(experiment_name="unflushed", run_id=run_id, flush_every_s=3600)
+    trainer = L.Trainer(max_epochs=4, logger=logger, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, callbacks=[LastCheckpoint(str(ckpt), min_interval_s=0)])
+    trainer.fit(MLPClassifier(net=mlp_net([8]), input_shape=(4,), num_classes=3, optimizer=sgd(0.1)),
+                YinYangDataModule(train_size=128, val_size=64, test_size=64, batch_size=32, seed=0),
+                ckpt_path=str(ckpt / "last.ckpt"))
+    for key, epoch_steps in (("val/acc", [3, 7, 11, 15]), ("train/loss", [4, 8, 12, 16])):
+        steps = [m.step for m in client().get_metric_history(run_id, key)]
+        assert sorted(steps) == epoch_steps, (key, steps)  # every epoch once, those before the kill too

@@ -12,18 +12,25 @@ Differences from Lightning's ``MLFlowLogger`` and why:
   that has ended (``keep_end_time``: ``validate``/``test``/``predict --ckpt_path``) leaves its status and end
   time as they were, so the UI's duration stays the training's;
 - metrics are buffered and written in one batch at most every ``flush_every_s`` seconds (and when the run
-  ends, fails or is interrupted): one synchronous sqlite commit costs about 10 ms, several training steps
-  of the small models most papers here train. MLflow's own asynchronous mode instead costs one to two
-  seconds at every run's end (its queue thread's join), which dominates short runs and the test suite.
+  ends, fails or is interrupted), by one writer thread of this logger, in order: one sqlite commit costs 10
+  to 50 ms of wall time (9 ms of it CPU), several training steps of the small models most papers here
+  train, and the training thread does not wait for it. MLflow's own asynchronous mode
+  (``log_batch(..., synchronous=False)``) was measured and not used: ``set_terminated`` then waits for its
+  queue thread, which polls once a second (about 1 s at every run's end, 2026-12-02), and its ten worker
+  threads write batches out of order. A checkpoint does not force a flush: ``callbacks.checkpoints``
+  stores the metrics not yet written (``unflushed``) in every resumable checkpoint and a resume hands them
+  back (``replay``), so a kill -9 loses none that a checkpoint on disk had seen.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import threading
 import time
 from argparse import Namespace
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from lightning.pytorch.loggers import MLFlowLogger
@@ -105,6 +112,10 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         self.flush_every_s = flush_every_s
         self._pending: list[Any] = []
         self._last_flush = time.monotonic()
+        # the writer thread (started at the first flush) and the batches handed to it, not yet known written
+        self._writer: ThreadPoolExecutor | None = None
+        self._in_flight: list[tuple[Future, list[Any]]] = []
+        self._lock = threading.Lock()  # _pending and _in_flight: the training thread and the writer
         self._existing_params: dict[str, str] | None = None
         # a run that existed before (a resume replays the steps after its checkpoint; a test logs into the run
         # that trained): the (key, step) pairs it has are read once and not written twice
@@ -169,6 +180,7 @@ class PaperlabMLFlowLogger(MLFlowLogger):
 
         stamp = int(time.time() * 1000)
         step = step or 0
+        fresh = []
         for key, value in metrics.items():
             if isinstance(value, str):
                 continue
@@ -178,9 +190,11 @@ class PaperlabMLFlowLogger(MLFlowLogger):
             if self._last_step.get(clean) == step:
                 continue
             self._last_step[clean] = step
-            self._pending.append(Metric(key=clean, value=float(value), timestamp=stamp, step=step))
+            fresh.append(Metric(key=clean, value=float(value), timestamp=stamp, step=step))
+        with self._lock:
+            self._pending.extend(fresh)
         if time.monotonic() - self._last_flush >= self.flush_every_s:
-            self.flush()
+            self.flush(wait=False)
 
     def already_logged(self) -> set[tuple[str, int]]:
         """The (metric, step) pairs the run had in the store when this process took it over (empty for a new
@@ -195,19 +209,63 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         return self._logged
 
     @rank_zero_only
-    def flush(self) -> None:
-        """Write the buffered metrics now (a (metric, step) pair the run already has is not written again)."""
-        pending, self._pending = self._pending, []
-        self._last_flush = time.monotonic()
+    def flush(self, wait: bool = True) -> None:
+        """Write the buffered metrics (a (metric, step) pair the run already has is not written again).
+
+        The batch goes to this logger's writer thread, which writes batches in the order they were handed
+        over. ``wait``: return once everything handed over so far is written (and raise what a write
+        raised); otherwise return at once, and an error of an earlier write is raised here, on the training
+        thread, at the next flush.
+        """
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._last_flush = time.monotonic()
+            if pending:
+                if self._writer is None:
+                    self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paperlab-mlflow")
+                self._in_flight.append((self._writer.submit(self._write, pending), pending))
+            in_flight = list(self._in_flight)
+        for future, _ in in_flight:
+            if wait or future.done():
+                with self._lock:  # reaped once: a failed write is raised once, not at every later flush
+                    self._in_flight = [f for f in self._in_flight if f[0] is not future]
+                future.result()  # raises the write's error
+
+    def _write(self, metrics: list[Any]) -> None:
+        """On the writer thread: one batch of metrics into the run, 1000 at a time (MLflow's limit)."""
         logged = self.already_logged()
-        fresh = [m for m in pending if (m.key, m.step) not in logged]
-        for i in range(0, len(fresh), 1000):  # MLflow's limit per batch
+        fresh = [m for m in metrics if (m.key, m.step) not in logged]
+        for i in range(0, len(fresh), 1000):
             retry_locked(self.experiment.log_batch, run_id=self.run_id, metrics=fresh[i : i + 1000])
 
+    def unflushed(self) -> list[list[Any]]:
+        """The metrics logged but not known to be in the store yet, as ``[key, value, timestamp, step]`` rows
+        (plain values: a checkpoint carries them, and a checkpoint loaded with ``weights_only`` reads them)."""
+        with self._lock:
+            # a batch counts as written once its write returned without an error
+            unwritten = [b for f, b in self._in_flight if not f.done() or f.exception() is not None]
+            metrics = [m for batch in unwritten for m in batch] + self._pending
+        return [[m.key, m.value, m.timestamp, m.step] for m in metrics]
+
+    def replay(self, rows: list[list[Any]]) -> None:
+        """Buffer ``unflushed`` rows again (a resume from the checkpoint that carried them); the pairs the run
+        already has are dropped when they are written."""
+        from mlflow.entities import Metric
+
+        metrics = [Metric(key=str(k), value=float(v), timestamp=int(t), step=int(s)) for k, v, t, s in rows]
+        for m in metrics:
+            self._last_step[m.key] = max(m.step, self._last_step.get(m.key, m.step))
+        with self._lock:
+            self._pending[:0] = metrics
+
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
-        # Metrics up to a resumable checkpoint are on disk whenever the checkpoint is: a resume never leaves
-        # a gap. A weights-only save (the best epoch) resumes nothing and does not pay for a flush.
+        # Metrics up to a resumable checkpoint must survive whatever happens after it. A checkpoint that
+        # carries the unflushed metrics itself (``callbacks.checkpoints.LastCheckpoint``) needs no flush; any
+        # other resumable one (a user's ModelCheckpoint) waits for one. A weights-only save (the best epoch)
+        # resumes nothing and does not pay for a flush.
         super().after_save_checkpoint(checkpoint_callback)
+        if getattr(checkpoint_callback, "carries_unflushed_metrics", False):
+            return
         # (buffered metrics only: a flush with nothing pending would open the run just to write nothing)
         if self._pending and not getattr(checkpoint_callback, "save_weights_only", False):
             self.flush()
@@ -216,8 +274,12 @@ class PaperlabMLFlowLogger(MLFlowLogger):
     def finalize(self, status: str = "success") -> None:
         if status == "failed" and isinstance(sys.exc_info()[1], KeyboardInterrupt):
             status = "KILLED"  # Lightning finalizes while it handles the Ctrl-C
-        if self._pending:
-            self.flush()
+        try:
+            self.flush()  # everything handed over is written before the run is closed
+        finally:
+            if self._writer is not None:
+                self._writer.shutdown(wait=True)
+                self._writer = None
         if self._keep_end_time:
             # An evaluation logged into a run its fit has ended: ending it again would stamp the current time
             # as its end (set_terminated), and the UI's duration would become training + the time until this

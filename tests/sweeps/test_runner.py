@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -267,3 +268,80 @@ def test_workers_run_points_as_separate_processes_and_isolate_failures(
     out = capsys.readouterr().out
     assert "1 finished" in out and "1 failed" in out
     _check_failure_isolated(paperlab_tmp)
+
+
+# --- speed: warm worker processes, the dry run's estimate, the last line ------------------------------------------
+
+_KILLER = {"class_path": "tests.helpers.SignalAtStep", "init_args": {"step": 1, "signum": 9}}
+_SWEEP_IN_A_PROCESS = """
+import sys
+from main import cli_main
+rc = cli_main(sys.argv[1:])
+print("HEAVY", sorted(m for m in ("torch", "lightning") if m in sys.modules))
+sys.exit(rc)
+"""
+
+
+def test_workers_reuse_warm_processes_and_a_point_that_kills_its_worker_fails_alone(paperlab_tmp: Path) -> None:
+    # three points on two workers; the second kills the process it runs in (kill -9 at its first step)
+    sweep = write_sweep(paperlab_tmp, points=[{"model.optimizer.lr": 0.01},
+                                              {"model.optimizer.lr": 0.02, "trainer.callbacks": [_KILLER]},
+                                              {"model.optimizer.lr": 0.03}], seeds=[0], test=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1"}
+    proc = subprocess.run([sys.executable, "-c", _SWEEP_IN_A_PROCESS, "sweep", "--config", str(sweep), "--workers", "2"],
+                          cwd=paperlab_tmp, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 1, out[-3000:] + proc.stderr[-3000:]
+    assert "2 finished" in out and "1 failed" in out
+    # the sweep's own process checked the sweep and kept the books without importing torch or Lightning
+    assert "HEAVY []" in out
+    runs = {r.info.run_name: r for r in runs_of("mlp_classifier")}
+    killed = next(r for name, r in runs.items() if "lr=0.02" in name)
+    assert killed.info.status == "FAILED" and "exited with code -9" in killed.data.tags["sweep.error"]
+    logs = paperlab_tmp / "checkpoints/mlp_classifier/_sweeps/tiny"
+    assert "the sweep worker running this command died (exit status -9)" in (logs / f"{killed.info.run_name}.log").read_text()
+    # every command ran in a worker; the five commands of the two good points (and the one that crashed)
+    # ran in at most three processes: the two workers, and the one forked to replace the killed worker
+    pids = [int(m) for p in logs.glob("*.log") for m in re.findall(r"# sweep worker pid (\d+)", p.read_text())]
+    assert len(pids) == 5 and len(set(pids)) <= 3, pids
+    for name, run in runs.items():
+        if "lr=0.01" in name or "lr=0.03" in name:
+            assert run.info.status == "FINISHED" and run.data.tags["sweep.done"] == "test"
+            assert "test/acc" in run.data.metrics
+    assert out.strip().splitlines()[-2].startswith("compare: python main.py compare --experiment mlp_classifier")
+
+
+def test_dry_run_estimates_the_time_left_from_earlier_runs_of_the_same_points(
+    paperlab_tmp: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sweep = write_sweep(paperlab_tmp, grid={"model.net.activation": ["relu", "tanh"]}, seeds=[0])
+    assert cli_main(["sweep", "--config", str(sweep), "--dry-run"]) == 0
+    assert "estimated time: unknown, no earlier finished run of these points" in capsys.readouterr().out
+    assert cli_main(["sweep", "--config", str(sweep), "--in-process", "--point", "0"]) == 0
+    capsys.readouterr()
+    (done,) = [r for r in runs_of("mlp_classifier") if r.info.run_name == "tiny-activation=relu-s0"]
+    seconds = (done.info.end_time - done.info.start_time) / 1000
+    assert cli_main(["sweep", "--config", str(sweep), "--dry-run", "--workers", "2"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("estimated time"))
+    assert line.startswith("estimated time: 1 of 2 point(s) to run, about ")
+    assert f"MLflow durations of 1 earlier run(s) of these points, median {seconds:.1f} s" in line
+    # the same points with another seed: the earlier runs of the sweep still set the median
+    write_sweep(paperlab_tmp, grid={"model.net.activation": ["relu", "tanh"]}, seeds=[0, 1])
+    assert cli_main(["sweep", "--config", str(sweep), "--dry-run"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("estimated time"))
+    assert line.startswith("estimated time: 3 of 4 point(s) to run") and "0 point(s) timed by their own" in line
+
+
+def test_the_last_line_names_the_compare_command_and_the_mlflow_ui_page(
+    paperlab_tmp: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sweep = write_sweep(paperlab_tmp, grid={"model.net.activation": ["relu", "tanh"]}, seeds=[0], test=True)
+    assert cli_main(["sweep", "--config", str(sweep), "--in-process"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    exp = client().get_experiment_by_name("mlp_classifier")
+    command = ("python main.py compare --experiment mlp_classifier --sweep tiny --metric test/acc "
+               "--by model.net.activation")
+    ui = f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
+    assert last == (f"compare: {command} | MLflow UI: {ui} "
+                    f"(after: mlflow ui --backend-store-uri {os.environ['MLFLOW_TRACKING_URI']})")
+    assert cli_main(command.split()[2:] + ["--no-log", "--out", str(paperlab_tmp / "cmp")]) == 0  # it runs
