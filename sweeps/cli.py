@@ -129,7 +129,8 @@ def compare_parser() -> argparse.ArgumentParser:
                    help="divide each run's value by its value of METRIC (same --agg and --steps): with --agg mean "
                    "a ratio of means, e.g. trace / grad_norm_sq_unbiased for a noise scale over a phase")
     p.add_argument("--baseline", default=None, metavar="KEY=VALUE",
-                   help="add each group's ratio to the group KEY=VALUE (a --by key), paired by seed")
+                   help="add each group's ratio and difference to the group KEY=VALUE (a --by key), paired by "
+                   "seed, and Welch's t-test against it")
     p.add_argument("--per-group", action="store_true",
                    help="with --x: correlate the group means (seeds averaged), not the runs")
     p.add_argument("--leave-one-out", default=None, metavar="KEY",
