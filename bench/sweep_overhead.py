@@ -7,6 +7,7 @@ which records the fit's training time: from the fit's ``setup`` (data built, run
 (checkpoints written, metrics flushed). Printed:
 
     one process: training <s>/point, fit command <s>, test command <s>, <s> in all
+    two such processes at once: ... <r> x the throughput of one (the most --workers 2 can get now)
     --workers W: <s> wall, start-up <s>; a point <s> = training <s> + overhead <s>     (medians over rounds)
     throughput --workers 2 / --workers 1: whole sweep <r>; from the first point on <r>
 
@@ -88,32 +89,48 @@ def _fit_times(path: Path) -> list[float]:
     return [json.loads(line)["fit_s"] for line in path.read_text().splitlines() if line.strip()]
 
 
-def one_process(folder: Path, env: dict[str, str], points: int, epochs: int) -> dict[str, float]:
-    """The same points' fit and test commands in one warm process (a child, so that this one stays light)."""
-    times = folder / "fit_times.jsonl"
-    code = f"""
+_LOOP = """
 import json, sys, time
 sys.argv = ["main.py"]
 from cli_messages import run_training
 import lightning_cli  # noqa: F401
+first, count, epochs, base, times = json.loads(sys.argv[1])
 fit_s, test_s = [], []
-for seed in range(-1, {points}):  # seed -1: warm-up (first imports, first store access), not counted
-    args = ["--config", {str(BASE)!r}, "--trainer.max_epochs", "{epochs}", "--seed_everything", str(abs(seed)),
-            "--run.name", f"one-{{seed}}", "--trainer.callbacks",
-            json.dumps([{{"class_path": "sweep_overhead.FitTimer", "init_args": {{"out": {str(times)!r}}}}}])]
+for seed in [-1 - first] + list(range(first, first + count)):  # a negative seed: warm-up, not counted
+    args = ["--config", base, "--trainer.max_epochs", str(epochs), "--seed_everything", str(abs(seed)),
+            "--run.name", f"one-{seed}", "--trainer.callbacks",
+            json.dumps([{"class_path": "sweep_overhead.FitTimer", "init_args": {"out": times}}])]
+    if seed == first:
+        start = time.time()
     t0 = time.perf_counter(); assert run_training(["fit", *args]) == 0; t1 = time.perf_counter()
     assert run_training(["test", *args, "--ckpt_path", "best"]) == 0; t2 = time.perf_counter()
     if seed >= 0:
         fit_s.append(t1 - t0); test_s.append(t2 - t1)
-print("RESULT", json.dumps({{"fit_cmd": fit_s, "test_cmd": test_s}}))
+print("RESULT", json.dumps({"fit_cmd": fit_s, "test_cmd": test_s, "start": start, "end": time.time()}))
 """
-    proc = subprocess.run([sys.executable, "-c", code], cwd=folder, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"one-process run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    result = json.loads(proc.stdout.split("RESULT", 1)[1])
-    training = _fit_times(times)[1:]  # the warm-up's first
-    return {"training": statistics.median(training), "fit_cmd": statistics.median(result["fit_cmd"]),
-            "test_cmd": statistics.median(result["test_cmd"]), "total": sum(result["fit_cmd"]) + sum(result["test_cmd"])}
+
+
+def one_process(folder: Path, env: dict[str, str], points: int, epochs: int, copies: int = 1) -> dict[str, float]:
+    """The same points' fit and test commands in one warm process (a child, so that this one stays light);
+    with ``copies``, that many such processes at once, the points shared out: the throughput two processes
+    get on this machine now, the most ``--workers 2`` can get."""
+    times = folder / "fit_times.jsonl"
+    share = [points // copies + (i < points % copies) for i in range(copies)]
+    procs = [subprocess.Popen([sys.executable, "-c", _LOOP, json.dumps([sum(share[:i]), n, epochs, str(BASE), str(times)])],
+                              cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, n in enumerate(share)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(f"one-process run failed:\n{out[-3000:]}\n{err[-3000:]}")
+        results.append(json.loads(out.split("RESULT", 1)[1]))
+    fit_cmd = [x for r in results for x in r["fit_cmd"]]
+    test_cmd = [x for r in results for x in r["test_cmd"]]
+    training = _fit_times(times)[copies:]  # the warm-ups' first (roughly: they end first)
+    return {"training": statistics.median(training), "fit_cmd": statistics.median(fit_cmd),
+            "test_cmd": statistics.median(test_cmd), "total": sum(fit_cmd) + sum(test_cmd),
+            "loop": max(r["end"] for r in results) - min(r["start"] for r in results)}
 
 
 def sweep(folder: Path, env: dict[str, str], points: int, epochs: int, workers: int) -> dict[str, Any]:
@@ -153,6 +170,10 @@ def main() -> None:
     one = one_process(root / "one", _fresh_store(root / "one", template), args.points, args.epochs)
     print(f"one process: training {one['training']:.2f} s/point, fit command {one['fit_cmd']:.2f} s, test command "
           f"{one['test_cmd']:.2f} s, {one['total']:.1f} s in all", flush=True)
+    two = one_process(root / "two", _fresh_store(root / "two", template), args.points, args.epochs, copies=2)
+    print(f"two such processes at once: training {two['training']:.2f} s/point, {two['loop']:.1f} s for the points: "
+          f"{one['loop'] / two['loop']:.2f} x the throughput of one (this machine's room for --workers 2 now)",
+          flush=True)
     results: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
     for r in range(args.repeats):
         for workers in ((1, 2) if r % 2 == 0 else (2, 1)):

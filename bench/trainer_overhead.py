@@ -15,7 +15,9 @@ medians of the per-round ratios are printed, one line per case:
     <case>: paperlab/plain <r> paperlab/bare <r>
 
 followed by the per-epoch cost: the median time from the end of an epoch's last training batch to the start
-of the next epoch's first one (validation, checkpoint, logging), for bare Lightning and for paperlab.
+of the next epoch's first one (validation, checkpoint, logging), for bare Lightning and for paperlab, and the
+median time of a training step (its batch's start to its end). The load average before and after is printed:
+the development machine is shared, so run it when it is quiet (or at ``nice -n -10``) and compare medians.
 
     python bench/trainer_overhead.py --repeats 5
 """
@@ -35,6 +37,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.nn.functional as F
+import yaml
 from lightning.pytorch.callbacks import Callback
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,13 +68,16 @@ CASES = {
 
 
 class Timer(Callback):
-    """Training time from the first batch to the end, and the gaps between epochs."""
+    """Training time from the first batch to the end, the gaps between epochs, and each step's time (from
+    its batch's start to its end: forward, backward, optimizer, the per-step hooks)."""
 
     def __init__(self) -> None:
         self.start: float | None = None
         self.last_end = 0.0
         self.gaps: list[float] = []
+        self.steps: list[float] = []
         self.pending_gap = False
+        self._batch_start = 0.0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: ANN001
         now = time.perf_counter()
@@ -80,9 +86,11 @@ class Timer(Callback):
         elif self.pending_gap:
             self.gaps.append(now - self.last_end)
         self.pending_gap = False
+        self._batch_start = now
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: ANN001
         self.last_end = time.perf_counter()
+        self.steps.append(self.last_end - self._batch_start)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:  # noqa: ANN001
         self.pending_gap = True
@@ -103,9 +111,13 @@ def _data(case: Case) -> tuple[dict, int]:
 
 
 def _net(case: Case) -> torch.nn.Module:
+    """The case config's own network (its ``model.init_args.net.init_args``), so that the three contenders
+    train the same one: the GPT config moved to RMSNorm on 2026-12-01 while this file kept LayerNorm, and
+    plain and bare then trained a faster network than paperlab."""
+    net_args = yaml.safe_load((REPO / case.config).read_text())["model"]["init_args"]["net"]["init_args"]
     if case.name.startswith("gpt"):
-        return TinyGPT(64, 128, n_layer=3, n_head=3, n_embd=48, activation="relu")
-    return MLP(4, 3, hidden=[64, 64])
+        return TinyGPT(64, 128, **net_args)
+    return MLP(4, 3, **net_args)
 
 
 def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -165,16 +177,16 @@ def _limits(case: Case) -> dict:
     return out
 
 
-def bare_lightning(case: Case, dm: L.LightningDataModule, n_train: int) -> tuple[float, list[float]]:
+def bare_lightning(case: Case, dm: L.LightningDataModule, n_train: int) -> tuple[float, Timer]:
     trainer = L.Trainer(max_epochs=case.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, **_limits(case))
     timer = Timer()
     trainer.callbacks.append(timer)
     trainer.fit(_Bare(_net(case)), dm)
-    return _samples(case, n_train) / (timer.end - timer.start), timer.gaps
+    return _samples(case, n_train) / (timer.end - timer.start), timer
 
 
-def paperlab_stack(case: Case, workdir: Path, run: int, n_train: int) -> tuple[float, list[float]]:
+def paperlab_stack(case: Case, workdir: Path, run: int, n_train: int) -> tuple[float, Timer]:
     os.chdir(workdir)
     limits = [a for k, v in _limits(case).items() for a in (f"--trainer.{k}", str(v))]
     cli = PaperlabCLI(
@@ -188,7 +200,7 @@ def paperlab_stack(case: Case, workdir: Path, run: int, n_train: int) -> tuple[f
     timer = Timer()
     cli.trainer.callbacks.append(timer)
     cli.trainer.fit(cli.model, cli.datamodule)
-    return _samples(case, n_train) / (timer.end - timer.start), timer.gaps
+    return _samples(case, n_train) / (timer.end - timer.start), timer
 
 
 def main() -> None:
@@ -204,24 +216,30 @@ def main() -> None:
     os.environ.setdefault("CI", "1")
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel("ERROR")
-    print(f"torch threads: {torch.get_num_threads()}, repeats: {args.repeats}")
+    print(f"torch threads: {torch.get_num_threads()}, repeats: {args.repeats}, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     for name in args.cases:
         case = CASES[name]
         splits, dm = _data(case)
         n_train = len(splits["train"][0])
-        vs_plain, vs_bare, gaps_bare, gaps_ours = [], [], [], []
+        vs_plain, vs_bare, gaps_bare, gaps_ours, steps_bare, steps_ours = [], [], [], [], [], []
         for r in range(args.repeats):
             plain = plain_loop(case, splits, seed=r)
-            ours, g_ours = paperlab_stack(case, workdir, r, n_train)
-            bare, g_bare = bare_lightning(case, dm, n_train)
+            ours, t_ours = paperlab_stack(case, workdir, r, n_train)
+            bare, t_bare = bare_lightning(case, dm, n_train)
             vs_plain.append(ours / plain)
             vs_bare.append(ours / bare)
-            gaps_ours += g_ours
-            gaps_bare += g_bare
+            gaps_ours += t_ours.gaps
+            gaps_bare += t_bare.gaps
+            steps_ours += t_ours.steps
+            steps_bare += t_bare.steps
         print(f"{name}: paperlab/plain {statistics.median(vs_plain):.2f} paperlab/bare {statistics.median(vs_bare):.2f}"
-              f"  (ranges {min(vs_plain):.2f}-{max(vs_plain):.2f}, {min(vs_bare):.2f}-{max(vs_bare):.2f})")
+              f"  (ranges {min(vs_plain):.2f}-{max(vs_plain):.2f}, {min(vs_bare):.2f}-{max(vs_bare):.2f})", flush=True)
         print(f"{name}: per-epoch cost bare {1e3 * statistics.median(gaps_bare):.1f} ms, paperlab "
-              f"{1e3 * statistics.median(gaps_ours):.1f} ms")
+              f"{1e3 * statistics.median(gaps_ours):.1f} ms; per step bare {1e3 * statistics.median(steps_bare):.3f} "
+              f"ms, paperlab {1e3 * statistics.median(steps_ours):.3f} ms", flush=True)
+
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

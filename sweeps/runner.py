@@ -7,6 +7,10 @@ itself, not in a side file: when all of a point's steps succeed the runner tags 
 runs the rest (only the test if the fit is already done), so a sweep resumes after Ctrl-C, a crash, or a
 SLURM array task that died. A point that fails ends as a FAILED child run (created if the CLI never got as
 far as opening one) with its log attached, and the other points go on.
+
+How a command runs is the executor's business: ``WorkerPool`` (the local default: warm worker processes forked
+from a fork server that imported torch, Lightning and MLflow once, see ``sweeps/worker.py``), ``Subprocesses``
+(``python main.py`` per command: ``--exec-prefix``, torchrun, points of several processes) or ``InProcess``.
 """
 
 from __future__ import annotations
