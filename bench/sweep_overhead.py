@@ -91,10 +91,10 @@ def _fit_times(path: Path) -> list[float]:
 
 _LOOP = """
 import json, sys, time
+first, count, epochs, base, times = json.loads(sys.argv[1])
 sys.argv = ["main.py"]
 from cli_messages import run_training
 import lightning_cli  # noqa: F401
-first, count, epochs, base, times = json.loads(sys.argv[1])
 fit_s, test_s = [], []
 for seed in [-1 - first] + list(range(first, first + count)):  # a negative seed: warm-up, not counted
     args = ["--config", base, "--trainer.max_epochs", str(epochs), "--seed_everything", str(abs(seed)),
