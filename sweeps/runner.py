@@ -124,20 +124,21 @@ def client_for(uri: str) -> Any:
     return mlflow.MlflowClient(uri)
 
 
-def find_parent(client: Any, experiment: str, name: str) -> Any | None:
-    """The newest live parent run of sweep ``name`` in ``experiment`` (None if the sweep never ran)."""
+def newest_runs(client: Any, experiment: str, filter_string: str, max_results: int = 50000) -> list[Any]:
+    """The live runs of ``experiment`` that match ``filter_string``, newest first ([] without the experiment)."""
     from mlflow.entities import ViewType
 
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        return None
-    runs = client.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.`sweep.name` = '{name}' and tags.`sweep.role` = '{PARENT_ROLE}'",
-        run_view_type=ViewType.ACTIVE_ONLY,
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
+        return []
+    return client.search_runs([exp.experiment_id], filter_string=filter_string, run_view_type=ViewType.ACTIVE_ONLY,
+                              order_by=["attributes.start_time DESC"], max_results=max_results)
+
+
+def find_parent(client: Any, experiment: str, name: str) -> Any | None:
+    """The newest live parent run of sweep ``name`` in ``experiment`` (None if the sweep never ran)."""
+    runs = newest_runs(client, experiment, f"tags.`sweep.name` = '{name}' and tags.`sweep.role` = '{PARENT_ROLE}'",
+                       max_results=1)
     return runs[0] if runs else None
 
 
@@ -199,20 +200,8 @@ def _log_text(client: Any, run_id: str, text: str, artifact_file: str) -> None:
 
 def children(client: Any, plan: SweepPlan, parent_id: str) -> dict[str, list[Any]]:
     """The parent's child runs grouped by run name, newest first."""
-    from mlflow.entities import ViewType
-
-    exp = client.get_experiment_by_name(plan.experiment)
-    if exp is None:
-        return {}
-    runs = client.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}'",
-        run_view_type=ViewType.ACTIVE_ONLY,
-        order_by=["attributes.start_time DESC"],
-        max_results=50000,
-    )
     out: dict[str, list[Any]] = {}
-    for run in runs:
+    for run in newest_runs(client, plan.experiment, f"tags.`mlflow.parentRunId` = '{parent_id}'"):
         out.setdefault(run.info.run_name, []).append(run)
     return out
 
@@ -715,19 +704,9 @@ def dry_run_table(plan: SweepPlan, parent: Any | None, client: Any | None,
 def earlier_durations(client: Any, plan: SweepPlan) -> dict[str, list[float]]:
     """Seconds from start to end of every finished, done run of this sweep's points in MLflow (under any
     parent of a sweep of this name), by run name, newest first. A child's run spans its fit and its test."""
-    from mlflow.entities import ViewType
-
-    exp = client.get_experiment_by_name(plan.experiment)
-    if exp is None:
-        return {}
     names = {p.run_name for p in plan.points}
-    runs = client.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.`sweep.name` = '{plan.spec.name}' and attributes.status = 'FINISHED'",
-        run_view_type=ViewType.ACTIVE_ONLY,
-        order_by=["attributes.start_time DESC"],
-        max_results=50000,
-    )
+    runs = newest_runs(client, plan.experiment,
+                       f"tags.`sweep.name` = '{plan.spec.name}' and attributes.status = 'FINISHED'")
     out: dict[str, list[float]] = {}
     for run in runs:
         name = run.info.run_name
