@@ -6,7 +6,8 @@ Sources (all offline but the hub, all deterministic functions of a seed):
 - ``procedural_field(size, seed)``: a sum of random Gaussians, sinusoids and piecewise-constant shapes with
   sharp edges; the seed also draws how much each part weighs, so the spectra differ between seeds;
 - ``sample_image(name, size, ...)``: scikit-learn's ``load_sample_image("china.jpg" | "flower.jpg")``
-  (427 x 640 RGB; needs Pillow) as a grayscale 256 x 256 crop, area-resampled to ``size``;
+  (427 x 640 RGB) or matplotlib's sample photo ``grace_hopper.jpg`` (600 x 512 RGB), both shipped with the
+  packages (need Pillow), as a grayscale 256 x 256 crop, area-resampled to ``size``;
 - ``ellipse_phantom(size, seed)``: a Shepp-Logan-type phantom of ten ellipses (seed 0: the modified
   Shepp-Logan phantom; other seeds perturb centres, axes, angles and intensities), the ground truth of the
   MRI and CT analogs;
@@ -33,7 +34,8 @@ from torch import Tensor
 
 from errors import ConfigError
 
-SAMPLE_IMAGES = ("china", "flower")
+SAMPLE_IMAGES = ("china", "flower", "grace_hopper")
+SampleImage = Literal["china", "flower", "grace_hopper"]
 
 
 def _grid(size: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
@@ -123,13 +125,28 @@ def require_pillow() -> None:
 
 @functools.lru_cache(maxsize=4)
 def _photo(name: str) -> np.ndarray:
-    """The decoded JPEG (427, 640, 3) as float64 (decoded once per process)."""
+    """The decoded JPEG (H, W, 3) as float64 (decoded once per process): scikit-learn's (427, 640) or
+    matplotlib's (600, 512)."""
     require_pillow()
-    from sklearn.datasets import load_sample_image
+    if name == "grace_hopper":
+        from matplotlib import cbook, image
 
-    out = np.asarray(load_sample_image(f"{name}.jpg"), dtype=np.float64)
+        with cbook.get_sample_data("grace_hopper.jpg") as f:
+            out = np.asarray(image.imread(f), dtype=np.float64)
+    else:
+        from sklearn.datasets import load_sample_image
+
+        out = np.asarray(load_sample_image(f"{name}.jpg"), dtype=np.float64)
     out.setflags(write=False)
     return out
+
+
+def sample_image_shape(name: SampleImage) -> tuple[int, int]:
+    """``(height, width)`` of the sample photo ``name`` in pixels."""
+    if name not in SAMPLE_IMAGES:
+        raise ConfigError(f"sample image must be one of {list(SAMPLE_IMAGES)}, got {name!r}")
+    h, w = _photo(name).shape[:2]
+    return h, w
 
 
 def area_resize(img: Tensor, size: int) -> Tensor:
@@ -144,14 +161,15 @@ def area_resize(img: Tensor, size: int) -> Tensor:
     return x[0].permute(1, 2, 0)
 
 
-def sample_image(name: Literal["china", "flower"] = "china", size: int = 256, crop: int = 256,
+def sample_image(name: SampleImage = "china", size: int = 256, crop: int = 256,
                  offset: tuple[int, int] | None = None) -> Tensor:
-    """scikit-learn's sample photo as grayscale ``(size, size, 1)`` in [0, 1].
+    """A sample photo shipped with a package as grayscale ``(size, size, 1)`` in [0, 1].
 
     Args:
-        name: ``"china"`` or ``"flower"`` (427 x 640 RGB JPEGs shipped with scikit-learn).
+        name: ``"china"`` or ``"flower"`` (427 x 640 RGB JPEGs shipped with scikit-learn) or
+            ``"grace_hopper"`` (600 x 512, shipped with matplotlib).
         size: output side (area-resampled from the crop).
-        crop: side of the square crop, at most 427.
+        crop: side of the square crop, at most the photo's shorter side.
         offset: ``(row, col)`` of the crop's top-left corner (default: centred).
     """
     if name not in SAMPLE_IMAGES:
