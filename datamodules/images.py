@@ -241,18 +241,32 @@ def shapes2d(n: int, size: int = 32, seed: int = 0, min_shapes: int = 1, max_sha
     def u(*shape: int) -> Tensor:
         return torch.rand(*shape, generator=gen)
 
-    xx, yy = _grid(size)
-    xx, yy = xx[None], yy[None]  # (1, S, S)
+    # every random number first, in the order of one pass over all n images, then the painting in chunks:
+    # the same images for any chunk size, and the (chunk, S, S) temporaries stay in cache
     theta = 2 * math.pi * u(n, 1, 1)
-    ramp = (xx - 0.5) * torch.cos(theta) + (yy - 0.5) * torch.sin(theta)
-    ramp = (ramp / math.sqrt(2) + 0.5).clamp(0, 1)[:, None]  # (n, 1, S, S)
     c0, c1 = u(n, 3, 1, 1), u(n, 3, 1, 1)
-    img = c0 + (c1 - c0) * ramp
     count = min_shapes + (u(n) * (max_shapes - min_shapes + 1)).long().clamp(max=max_shapes - min_shapes)
-    for slot in range(max_shapes):
+    slots = []
+    for _ in range(max_shapes):
         kind = (u(n) * 3).long().clamp(max=2)
         cx, cy = (0.2 + 0.6 * u(n, 1, 1)), (0.2 + 0.6 * u(n, 1, 1))
         a, b, t = 0.08 + 0.22 * u(n, 1, 1), 0.08 + 0.22 * u(n, 1, 1), math.pi * u(n, 1, 1)
+        slots.append((kind, cx, cy, a, b, t, u(n, 3, 1, 1)))
+    xx, yy = _grid(size)
+    xx, yy = xx[None], yy[None]  # (1, S, S)
+    chunk = max(1, 2**18 // (size * size))
+    return torch.cat([_paint_shapes(xx, yy, theta[i : i + chunk], c0[i : i + chunk], c1[i : i + chunk],
+                                    count[i : i + chunk], [tuple(v[i : i + chunk] for v in sl) for sl in slots])
+                      for i in range(0, n, chunk)])
+
+
+def _paint_shapes(xx: Tensor, yy: Tensor, theta: Tensor, c0: Tensor, c1: Tensor, count: Tensor,
+                  slots: list[tuple[Tensor, ...]]) -> Tensor:
+    """``shapes2d``'s images from their drawn parameters: the gradient, then each slot's shape on top."""
+    ramp = (xx - 0.5) * torch.cos(theta) + (yy - 0.5) * torch.sin(theta)
+    ramp = (ramp / math.sqrt(2) + 0.5).clamp(0, 1)[:, None]  # (n, 1, S, S)
+    img = c0 + (c1 - c0) * ramp
+    for slot, (kind, cx, cy, a, b, t, colour) in enumerate(slots):
         dx, dy = xx - cx, yy - cy
         xr, yr = dx * torch.cos(t) + dy * torch.sin(t), -dx * torch.sin(t) + dy * torch.cos(t)
         ellipse = (xr / a) ** 2 + (yr / b) ** 2 <= 1
@@ -267,7 +281,6 @@ def shapes2d(n: int, size: int = 32, seed: int = 0, min_shapes: int = 1, max_sha
         tri = (s >= 0).all(0) | (s <= 0).all(0)
         mask = torch.where(kind[:, None, None] == 0, ellipse, torch.where(kind[:, None, None] == 1, rect, tri))
         mask = mask & (slot < count)[:, None, None]
-        colour = u(n, 3, 1, 1)
         img = torch.where(mask[:, None], colour, img)
     return img.clamp(0, 1)
 

@@ -293,9 +293,13 @@ def test_rollout_psnr_has_a_step_zero_column_for_every_net() -> None:
 
 
 # --- through the CLI --------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cli_links_the_image_shape_into_the_net_and_logs_the_scaling_table(paperlab_tmp) -> None:
     """The config names the net without sizes: the CLI links the data's (C, H, W) into the task, which builds
-    ``net(input_shape, out_dim)``; ParameterScaling's table reaches the run through the diagnostic base."""
+    ``net(input_shape, out_dim)``; ParameterScaling's table reaches the run through the diagnostic base.
+    Slow (a second CLI fit + test of shapes2d.yaml): the default suite builds the same config through the CLI
+    (tests/test_cli.py's config check, sizes linked) and fits + tests it (its smoke fit); the counts are
+    checked by test_task_reports_the_three_scalings."""
     config = REPO / "configs/attn_hyper_inr/shapes2d.yaml"
     small = [*TINY, "--data.init_args.train_size", "48", "--data.init_args.val_size", "16",
              "--data.init_args.test_size", "16", "--run.name", "tiny"]

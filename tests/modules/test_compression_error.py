@@ -518,7 +518,7 @@ def test_signal_fit_single_level_and_inverse_tasks():
 
 def test_cli_fit_and_test_ladder_logs_the_analysis(paperlab_tmp):
     config = REPO / "configs/compression_error/grid_ladder.yaml"
-    small = ["--trainer.max_epochs", "3", "--data.init_args.size", "32", "--data.init_args.steps_per_epoch", "20",
+    small = ["--trainer.max_epochs", "3", "--data.init_args.size", "16", "--data.init_args.steps_per_epoch", "5",
              "--model.init_args.levels", "[3, 5, 9]", "--trainer.limit_val_batches", "1"]
     assert cli_main(["fit", "--config", str(config), *small]) == 0
     assert cli_main(["test", "--config", str(config), *small, "--ckpt_path", "best"]) == 0
