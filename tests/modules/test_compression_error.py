@@ -516,7 +516,11 @@ def test_signal_fit_single_level_and_inverse_tasks():
         assert rmse < 0.2, (task, rmse)  # the phantom's own RMS is about 0.3
 
 
+@pytest.mark.slow
 def test_cli_fit_and_test_ladder_logs_the_analysis(paperlab_tmp):
+    """Slow (a second CLI fit + test of grid_ladder.yaml): the default suite fits and tests the same config
+    through the CLI (tests/test_cli.py's smoke fit), the analysis metrics are checked by
+    test_ladder_trains_one_level_per_epoch_and_warm_starts and the table by tests/callbacks/test_error_ladder.py."""
     config = REPO / "configs/compression_error/grid_ladder.yaml"
     small = ["--trainer.max_epochs", "3", "--data.init_args.size", "16", "--data.init_args.steps_per_epoch", "5",
              "--model.init_args.levels", "[3, 5, 9]", "--trainer.limit_val_batches", "1"]
