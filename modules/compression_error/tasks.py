@@ -324,7 +324,17 @@ class CompressionLadder(_SignalTask):
             self._train_signals, _ = self._check_batch(batch)
             self._grad_start = self.grad_norms(self.active, self._train_signals)
 
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # after the level's last step, before any epoch-end hook (the ErrorLadder diagnostic reads the check)
+        if batch_idx + 1 == self.trainer.num_training_batches:
+            self._finish_check()
+        super().on_train_batch_end(outputs, batch, batch_idx)
+
     def on_train_epoch_end(self) -> None:
+        self._finish_check()  # a level stopped early (no last batch): check where it stopped
+        super().on_train_epoch_end()
+
+    def _finish_check(self) -> None:
         if self._train_signals is not None and self._grad_start is not None:
             k = self.active
             end = self.grad_norms(k, self._train_signals)
