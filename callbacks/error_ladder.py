@@ -6,7 +6,8 @@ signals, ``diag/error_ladder/true_<k>`` (RMS error of level k against the truth)
 (d_k factor(rho_calib)), ``pred_<k>`` (the signal-specific prediction), ``rho_calib``, ``coverage`` and
 ``tightness`` as far as the levels fitted so far allow. At fit end it logs the figure
 ``figures/error_ladder.png`` (error curves of every test signal; true and predicted local error maps of the
-first) and the table ``tables/error_ladder.csv`` (one row per signal and level).
+first) and the table ``tables/error_ladder.csv`` (one row per signal and level, with the level's convergence
+check ``rel_grad`` and whether its bound used the tighter factor, ``orthogonal``).
 
 The signals are the same on every rank (the ladder does not shard them), so nothing is reduced.
 """
@@ -74,6 +75,10 @@ class ErrorLadder(Diagnostic):
                                        "level": lad["levels"][k], "true_rmse": float(true[s, k])}
                 for key in ("d", "bound", "pred_self", "pred_calib"):
                     row[key] = float(lad[key][s, k]) if k < n - 1 and "d" in lad else ""
+                # the convergence check of this level's fit, and whether the bound used 1 / sqrt(1 - rho^2)
+                rel = lad.get("rel_grad")
+                row["rel_grad"] = float(rel[s, k]) if rel is not None and k < rel.shape[1] else ""
+                row["orthogonal"] = int(lad["orthogonal"][s, k]) if k < n - 1 and "d" in lad else ""
                 rows.append(row)
         return rows
 

@@ -6,7 +6,8 @@ Sources (all offline but the hub, all deterministic functions of a seed):
 - ``procedural_field(size, seed)``: a sum of random Gaussians, sinusoids and piecewise-constant shapes with
   sharp edges; the seed also draws how much each part weighs, so the spectra differ between seeds;
 - ``sample_image(name, size, ...)``: scikit-learn's ``load_sample_image("china.jpg" | "flower.jpg")``
-  (427 x 640 RGB; needs Pillow) as a grayscale 256 x 256 crop, area-resampled to ``size``;
+  (427 x 640 RGB) or matplotlib's sample photo ``grace_hopper.jpg`` (600 x 512 RGB), both shipped with the
+  packages (need Pillow), as a grayscale 256 x 256 crop, area-resampled to ``size``;
 - ``ellipse_phantom(size, seed)``: a Shepp-Logan-type phantom of ten ellipses (seed 0: the modified
   Shepp-Logan phantom; other seeds perturb centres, axes, angles and intensities), the ground truth of the
   MRI and CT analogs;
@@ -33,7 +34,8 @@ from torch import Tensor
 
 from errors import ConfigError
 
-SAMPLE_IMAGES = ("china", "flower")
+SAMPLE_IMAGES = ("china", "flower", "grace_hopper")
+SampleImage = Literal["china", "flower", "grace_hopper"]
 
 
 def _grid(size: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
@@ -123,13 +125,28 @@ def require_pillow() -> None:
 
 @functools.lru_cache(maxsize=4)
 def _photo(name: str) -> np.ndarray:
-    """The decoded JPEG (427, 640, 3) as float64 (decoded once per process)."""
+    """The decoded JPEG (H, W, 3) as float64 (decoded once per process): scikit-learn's (427, 640) or
+    matplotlib's (600, 512)."""
     require_pillow()
-    from sklearn.datasets import load_sample_image
+    if name == "grace_hopper":
+        from matplotlib import cbook, image
 
-    out = np.asarray(load_sample_image(f"{name}.jpg"), dtype=np.float64)
+        with cbook.get_sample_data("grace_hopper.jpg") as f:
+            out = np.asarray(image.imread(f), dtype=np.float64)
+    else:
+        from sklearn.datasets import load_sample_image
+
+        out = np.asarray(load_sample_image(f"{name}.jpg"), dtype=np.float64)
     out.setflags(write=False)
     return out
+
+
+def sample_image_shape(name: SampleImage) -> tuple[int, int]:
+    """``(height, width)`` of the sample photo ``name`` in pixels."""
+    if name not in SAMPLE_IMAGES:
+        raise ConfigError(f"sample image must be one of {list(SAMPLE_IMAGES)}, got {name!r}")
+    h, w = _photo(name).shape[:2]
+    return h, w
 
 
 def area_resize(img: Tensor, size: int) -> Tensor:
@@ -144,14 +161,15 @@ def area_resize(img: Tensor, size: int) -> Tensor:
     return x[0].permute(1, 2, 0)
 
 
-def sample_image(name: Literal["china", "flower"] = "china", size: int = 256, crop: int = 256,
+def sample_image(name: SampleImage = "china", size: int = 256, crop: int = 256,
                  offset: tuple[int, int] | None = None) -> Tensor:
-    """scikit-learn's sample photo as grayscale ``(size, size, 1)`` in [0, 1].
+    """A sample photo shipped with a package as grayscale ``(size, size, 1)`` in [0, 1].
 
     Args:
-        name: ``"china"`` or ``"flower"`` (427 x 640 RGB JPEGs shipped with scikit-learn).
+        name: ``"china"`` or ``"flower"`` (427 x 640 RGB JPEGs shipped with scikit-learn) or
+            ``"grace_hopper"`` (600 x 512, shipped with matplotlib).
         size: output side (area-resampled from the crop).
-        crop: side of the square crop, at most 427.
+        crop: side of the square crop, at most the photo's shorter side.
         offset: ``(row, col)`` of the crop's top-left corner (default: centred).
     """
     if name not in SAMPLE_IMAGES:
@@ -223,18 +241,32 @@ def shapes2d(n: int, size: int = 32, seed: int = 0, min_shapes: int = 1, max_sha
     def u(*shape: int) -> Tensor:
         return torch.rand(*shape, generator=gen)
 
-    xx, yy = _grid(size)
-    xx, yy = xx[None], yy[None]  # (1, S, S)
+    # every random number first, in the order of one pass over all n images, then the painting in chunks:
+    # the same images for any chunk size, and the (chunk, S, S) temporaries stay in cache
     theta = 2 * math.pi * u(n, 1, 1)
-    ramp = (xx - 0.5) * torch.cos(theta) + (yy - 0.5) * torch.sin(theta)
-    ramp = (ramp / math.sqrt(2) + 0.5).clamp(0, 1)[:, None]  # (n, 1, S, S)
     c0, c1 = u(n, 3, 1, 1), u(n, 3, 1, 1)
-    img = c0 + (c1 - c0) * ramp
     count = min_shapes + (u(n) * (max_shapes - min_shapes + 1)).long().clamp(max=max_shapes - min_shapes)
-    for slot in range(max_shapes):
+    slots = []
+    for _ in range(max_shapes):
         kind = (u(n) * 3).long().clamp(max=2)
         cx, cy = (0.2 + 0.6 * u(n, 1, 1)), (0.2 + 0.6 * u(n, 1, 1))
         a, b, t = 0.08 + 0.22 * u(n, 1, 1), 0.08 + 0.22 * u(n, 1, 1), math.pi * u(n, 1, 1)
+        slots.append((kind, cx, cy, a, b, t, u(n, 3, 1, 1)))
+    xx, yy = _grid(size)
+    xx, yy = xx[None], yy[None]  # (1, S, S)
+    chunk = max(1, 2**18 // (size * size))
+    return torch.cat([_paint_shapes(xx, yy, theta[i : i + chunk], c0[i : i + chunk], c1[i : i + chunk],
+                                    count[i : i + chunk], [tuple(v[i : i + chunk] for v in sl) for sl in slots])
+                      for i in range(0, n, chunk)])
+
+
+def _paint_shapes(xx: Tensor, yy: Tensor, theta: Tensor, c0: Tensor, c1: Tensor, count: Tensor,
+                  slots: list[tuple[Tensor, ...]]) -> Tensor:
+    """``shapes2d``'s images from their drawn parameters: the gradient, then each slot's shape on top."""
+    ramp = (xx - 0.5) * torch.cos(theta) + (yy - 0.5) * torch.sin(theta)
+    ramp = (ramp / math.sqrt(2) + 0.5).clamp(0, 1)[:, None]  # (n, 1, S, S)
+    img = c0 + (c1 - c0) * ramp
+    for slot, (kind, cx, cy, a, b, t, colour) in enumerate(slots):
         dx, dy = xx - cx, yy - cy
         xr, yr = dx * torch.cos(t) + dy * torch.sin(t), -dx * torch.sin(t) + dy * torch.cos(t)
         ellipse = (xr / a) ** 2 + (yr / b) ** 2 <= 1
@@ -249,7 +281,6 @@ def shapes2d(n: int, size: int = 32, seed: int = 0, min_shapes: int = 1, max_sha
         tri = (s >= 0).all(0) | (s <= 0).all(0)
         mask = torch.where(kind[:, None, None] == 0, ellipse, torch.where(kind[:, None, None] == 1, rect, tri))
         mask = mask & (slot < count)[:, None, None]
-        colour = u(n, 3, 1, 1)
         img = torch.where(mask[:, None], colour, img)
     return img.clamp(0, 1)
 

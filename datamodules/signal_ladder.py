@@ -19,68 +19,99 @@ from datamodules.images import (
     procedural_field,
     require_pillow,
     sample_image,
+    sample_image_shape,
 )
 from errors import ConfigError
 
 SignalKind = Literal["procedural", "images", "mixed", "phantom", "hub"]
 
 
-def _image_crops(seed: int, size: int) -> dict[str, list[Tensor]]:
-    """Two disjoint 256-crops of each photo (left and right halves of the 640-pixel width; rows seeded):
-    which one is the test signal and which the calibration signal is seeded too."""
+#: the photo crops' side in the photo's pixels (resampled to the signal size)
+PHOTO_CROP = 256
+
+
+def ladder_sources(kind: SignalKind, seed: int, n_test: int, n_calib: int,
+                   n_hub: int | None = None) -> tuple[list[str], list[str]]:
+    """The sources of one ladder run's test and calibration signals, as labels ``(test, calib)``:
+    ``procedural:<field seed>``, ``phantom:<seed>``, ``<photo>@<row>,<col>`` (a 256-crop of one of
+    ``SAMPLE_IMAGES`` at that corner) or ``hub:<index>``.
+
+    Test and calibration signals never share a source (no field seed, phantom, photo or hub image on both
+    sides), and every source changes with ``seed``: the field and phantom seeds are ``1000 seed + i`` (test)
+    and ``1000 seed + 500 + i`` (calibration); of the three photos, calibration gets at most one,
+    ``SAMPLE_IMAGES[seed % 3]``, and test at most the two others, each crop at a seeded corner; the hub
+    images are split by a seeded permutation of the ``n_hub`` images. A calibration signal is therefore never a part of a test signal's
+    photo, and the seeds of a sweep are replications over sources, not the same photos re-cropped.
+    """
+    if n_test < 1 or n_calib < 0:
+        raise ConfigError(f"need n_test >= 1 and n_calib >= 0, got {n_test}, {n_calib}")
+    if kind == "procedural" or kind == "phantom":
+        return ([f"{kind}:{1000 * seed + i}" for i in range(n_test)],
+                [f"{kind}:{1000 * seed + 500 + i}" for i in range(n_calib)])
+    if kind == "hub":
+        if n_hub is None or n_test + n_calib > n_hub:
+            raise ConfigError(f"the hub set holds {n_hub} images; n_test + n_calib = {n_test + n_calib}")
+        order = torch.randperm(n_hub, generator=torch.Generator().manual_seed(int(seed))).tolist()
+        return [f"hub:{i}" for i in order[n_calib : n_calib + n_test]], [f"hub:{i}" for i in order[:n_calib]]
+    if kind not in ("images", "mixed"):
+        raise ConfigError(f"kind must be one of procedural, images, mixed, phantom, hub; got {kind!r}")
+    # the calibration photo rotates with the seed (seeds 0, 1, 2 hold each photo out once); the test photos'
+    # order and every crop's corner are seeded
+    k = len(SAMPLE_IMAGES)
     gen = torch.Generator().manual_seed(int(seed) * 31 + 5)
-    out: dict[str, list[Tensor]] = {"test": [], "calib": []}
-    for name in SAMPLE_IMAGES:
-        row = int(torch.randint(0, 427 - 256 + 1, (), generator=gen))
-        crops = [sample_image(name, size, 256, (row, 0)), sample_image(name, size, 256, (row, 640 - 256))]
-        first = int(torch.randint(0, 2, (), generator=gen))
-        out["test"].append(crops[first])
-        out["calib"].append(crops[1 - first])
-    return out
+    others = [SAMPLE_IMAGES[(seed + 1 + i) % k] for i in torch.randperm(k - 1, generator=gen).tolist()]
+    photos = [*others, SAMPLE_IMAGES[seed % k]]
+    crops = []
+    for name in photos:
+        h, w = sample_image_shape(name)
+        row = int(torch.randint(0, h - PHOTO_CROP + 1, (), generator=gen))
+        col = int(torch.randint(0, w - PHOTO_CROP + 1, (), generator=gen))
+        crops.append(f"{name}@{row},{col}")
+    n_tp = min(2, n_test)
+    n_cp = min(len(crops) - n_tp, n_calib)
+    test_photos, calib_photos = crops[:n_tp], crops[n_tp : n_tp + n_cp]
+    test_fields = [f"procedural:{1000 * seed + i}" for i in range(n_test - n_tp)]
+    calib_fields = [f"procedural:{1000 * seed + 500 + i}" for i in range(n_calib - n_cp)]
+    if kind == "images":
+        return test_photos + test_fields, calib_photos + calib_fields
+    return test_fields + test_photos, calib_fields + calib_photos
+
+
+def _source_signal(label: str, size: int, hub: Tensor | None) -> Tensor:
+    name, _, arg = label.partition(":") if ":" in label else label.partition("@")
+    if name == "procedural":
+        return procedural_field(size, int(arg))
+    if name == "phantom":
+        return ellipse_phantom(size, int(arg))
+    if name == "hub":
+        assert hub is not None
+        return hub[int(arg)]
+    row, col = (int(v) for v in arg.split(","))
+    return sample_image(name, size, PHOTO_CROP, (row, col))
 
 
 def ladder_signals(kind: SignalKind, size: int, seed: int, n_test: int, n_calib: int,
                    hub_id: str = KODAK_HUB_ID) -> tuple[Tensor, Tensor]:
-    """The test and calibration signals of one ladder run: ``(test (n_test, H, W, 1), calib (n_calib, ...))``.
+    """The test and calibration signals of one ladder run: ``(test (n_test, H, W, 1), calib (n_calib, ...))``,
+    from the sources ``ladder_sources`` names (disjoint between test and calibration, new with every seed).
 
-    - ``procedural``: fields of seeds ``1000 seed + i`` (test) and ``1000 seed + 500 + i`` (calibration);
-    - ``phantom``: the same with ``ellipse_phantom``;
-    - ``images``: the two photos (one crop each for test, the disjoint other crop for calibration), topped
-      up with procedural fields when more signals are asked for;
-    - ``mixed``: procedural fields first, then the two photos' crops (test: n_test - 2 procedural + the
-      two test crops; calibration: n_calib - 2 procedural + the two calibration crops);
+    - ``procedural``: procedural fields; ``phantom``: ellipse phantoms;
+    - ``images``: the photos' crops first (two test, one calibration), topped up with procedural fields;
+    - ``mixed``: procedural fields first, then the photos' crops (test: n_test - 2 fields + two photos;
+      calibration: n_calib - 1 fields + the third photo);
     - ``hub``: images of the hub set ``hub_id`` (``hub_images``), a seeded permutation split into
       calibration and test images (paper scale: Kodak at 256 x 256).
     """
     if n_test < 1 or n_calib < 0:
         raise ConfigError(f"need n_test >= 1 and n_calib >= 0, got {n_test}, {n_calib}")
-
-    def proc(i: int) -> Tensor:
-        return procedural_field(size, 1000 * seed + i)
-
-    if kind == "procedural":
-        return (torch.stack([proc(i) for i in range(n_test)]),
-                torch.stack([proc(500 + i) for i in range(n_calib)]) if n_calib else torch.zeros(0, size, size, 1))
-    if kind == "phantom":
-        ph = [ellipse_phantom(size, 1000 * seed + i) for i in range(n_test)]
-        pc = [ellipse_phantom(size, 1000 * seed + 500 + i) for i in range(n_calib)]
-        return torch.stack(ph), torch.stack(pc) if pc else torch.zeros(0, size, size, 1)
-    if kind == "hub":
-        imgs = hub_images(hub_id, size)
-        if n_test + n_calib > len(imgs):
-            raise ConfigError(f"{hub_id!r} holds {len(imgs)} images; n_test + n_calib = {n_test + n_calib}")
-        order = torch.randperm(len(imgs), generator=torch.Generator().manual_seed(int(seed)))
-        return imgs[order[n_calib : n_calib + n_test]], imgs[order[:n_calib]]
-    if kind not in ("images", "mixed"):
-        raise ConfigError(f"kind must be one of procedural, images, mixed, phantom, hub; got {kind!r}")
-    crops = _image_crops(seed, size)
-    if kind == "images":
-        test = crops["test"][:n_test] + [proc(i) for i in range(max(0, n_test - 2))]
-        calib = crops["calib"][:n_calib] + [proc(500 + i) for i in range(max(0, n_calib - 2))]
-    else:
-        test = [proc(i) for i in range(max(0, n_test - 2))] + crops["test"][: min(2, n_test)]
-        calib = [proc(500 + i) for i in range(max(0, n_calib - 2))] + crops["calib"][: min(2, n_calib)]
-    return torch.stack(test), torch.stack(calib) if calib else torch.zeros(0, size, size, 1)
+    hub = hub_images(hub_id, size) if kind == "hub" else None
+    if hub is not None and n_test + n_calib > len(hub):
+        raise ConfigError(f"{hub_id!r} holds {len(hub)} images; n_test + n_calib = {n_test + n_calib}")
+    test_src, calib_src = ladder_sources(kind, seed, n_test, n_calib, None if hub is None else len(hub))
+    test = torch.stack([_source_signal(lab, size, hub) for lab in test_src])
+    calib = (torch.stack([_source_signal(lab, size, hub) for lab in calib_src]) if calib_src
+             else torch.zeros(0, size, size, 1))
+    return test, calib
 
 
 class SignalLadderDataModule(TensorDataModule):
@@ -158,4 +189,4 @@ class SignalLadderDataModule(TensorDataModule):
         return 0
 
 
-__all__ = ["SignalKind", "SignalLadderDataModule", "ladder_signals"]
+__all__ = ["PHOTO_CROP", "SignalKind", "SignalLadderDataModule", "ladder_signals", "ladder_sources"]

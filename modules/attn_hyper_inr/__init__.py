@@ -10,7 +10,7 @@ instantiation (an MLP from ``flatten(W_l, G_l)`` to ``Delta W_l``) costs O(W^4).
 The room:
 
 - ``functional``: ``inr_chain_rule_step`` (one gradient step on a batch of INRs, by the chain rule),
-  ``mlp_opt_parameter_count``, ``psnr``, ``step_weights``;
+  ``mlp_opt_parameter_count``, ``psnr``, ``mean_colour_psnr``, ``step_weights``;
 - ``hyper_inr_net``: ``HyperINRNet``, what the three hypernetworks share (the INR, its rendering, the input
   checks), ``PatchTokens`` (data tokens) and ``center_tokens``;
 - ``attn_opt``: ``AttnOptHyperINR`` (ours, the wiring inferred: output-neuron tokens, a K-step rollout of
@@ -27,6 +27,7 @@ from modules.attn_hyper_inr.attn_opt import AttnOptHyperINR
 from modules.attn_hyper_inr.functional import (
     INRParams,
     inr_chain_rule_step,
+    mean_colour_psnr,
     mlp_opt_parameter_count,
     psnr,
     step_weights,
@@ -50,6 +51,7 @@ __all__ = [
     "TransINRBaseline",
     "count_parameters",
     "inr_chain_rule_step",
+    "mean_colour_psnr",
     "mlp_opt_parameter_count",
     "psnr",
     "step_weights",

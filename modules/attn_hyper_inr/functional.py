@@ -77,6 +77,12 @@ def psnr(pred: Tensor, target: Tensor) -> Tensor:
     return psnr_from_mse((pred.clamp(0, 1) - target).square().flatten(1).mean(1))
 
 
+def mean_colour_psnr(pixels: Tensor) -> Tensor:
+    """Per-signal PSNR of the constant rendering at the signal's own mean colour: ``pixels (B, P, C)`` in
+    [0, 1] against their per-channel mean over the P pixels, ``(B,)``."""
+    return psnr(pixels.mean(1, keepdim=True).expand_as(pixels), pixels)
+
+
 def step_weights(kind: Literal["linear", "uniform", "last"], k: int) -> Tensor:
     """Weights ``w_k`` of the K step losses, summing to 1: ``linear`` k / sum(k), ``uniform``, or ``last`` only."""
     if kind == "linear":
@@ -91,4 +97,4 @@ def step_weights(kind: Literal["linear", "uniform", "last"], k: int) -> Tensor:
     return w / w.sum()
 
 
-__all__ = ["INRParams", "inr_chain_rule_step", "mlp_opt_parameter_count", "psnr", "step_weights"]
+__all__ = ["INRParams", "inr_chain_rule_step", "mean_colour_psnr", "mlp_opt_parameter_count", "psnr", "step_weights"]

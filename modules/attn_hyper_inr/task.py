@@ -16,7 +16,7 @@ from torch import Tensor
 
 from errors import ConfigError
 from modules.attn_hyper_inr.attn_opt import AttnOptHyperINR
-from modules.attn_hyper_inr.functional import mlp_opt_parameter_count, psnr, step_weights
+from modules.attn_hyper_inr.functional import mean_colour_psnr, mlp_opt_parameter_count, psnr, step_weights
 from modules.attn_hyper_inr.hyper_inr_net import HyperINRNet
 from modules.attn_hyper_inr.mlp_opt import MLPOptStepBaseline
 from modules.attn_hyper_inr.trans_inr import TransINRBaseline
@@ -35,7 +35,9 @@ class HyperINRTask(PaperTask):
 
     Loss: ``sum_k w_k MSE(f_{theta_k}, image)`` over the rollout steps k = 1..K (rising weights ``linear``
     by default; a single-pass net has K = 1). Metrics: ``psnr`` (the last step's per-image PSNR, averaged
-    over images; the checkpoint monitor), ``mse``, and ``psnr_step<k>`` for k = 1..K.
+    over images; the checkpoint monitor), ``mse``, ``psnr_step<k>`` for k = 1..K and, in validation and
+    test, ``psnr_mean_colour``: the PSNR of each image rendered as its own mean colour (the per-channel mean
+    over its pixels), the floor a reconstruction must clear to show any structure.
 
     Args:
         net: the hypernetwork, ``net(input_shape, out_dim) -> HyperINRNet`` (``class_path`` of
@@ -74,7 +76,8 @@ class HyperINRTask(PaperTask):
             raise ConfigError(f"the data's images are {shape[1]} x {shape[2]}, the net has image_size={built.image_size}: "
                               "build it with net(input_shape, out_dim)")
         k = built.rollout_steps
-        metrics = {"psnr": WeightedMean(), "mse": WeightedMean(), **{f"psnr_step{i}": WeightedMean() for i in range(1, k + 1)}}
+        metrics = {"psnr": WeightedMean(), "mse": WeightedMean(), "psnr_mean_colour": WeightedMean(),
+                   **{f"psnr_step{i}": WeightedMean() for i in range(1, k + 1)}}
         super().__init__(optimizer, lr_scheduler, metrics=metrics)
         self.net = built
         self.input_shape = shape
@@ -127,6 +130,7 @@ class HyperINRTask(PaperTask):
         inputs: dict[str, Any] = {"psnr": (per_step[-1], ones), "mse": (mses[-1].detach(), n)}
         if stage != "train":
             inputs.update({f"psnr_step{i}": (p, ones) for i, p in enumerate(per_step, start=1)})
+            inputs["psnr_mean_colour"] = (mean_colour_psnr(target), ones)
         return StepOutput(loss, n=n, inputs=inputs)
 
     def extra_epoch_metrics(self, stage: Stage, values: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -27,27 +27,31 @@ SUMMARY_KEYS = ("bound_coverage", "bound_coverage_triangle", "bound_ratio", "tig
 
 
 @torch.no_grad()
-def score_ladder(fits: Tensor, signals: Tensor, calib: Tensor, levels: Sequence[int], orthogonal: bool,
+def score_ladder(fits: Tensor, signals: Tensor, calib: Tensor, levels: Sequence[int], orthogonal: bool | Tensor,
                  rho_quantile: float = 1.0) -> dict[str, Any]:
     """True errors, bounds and predictions of a ladder: ``fits (n, S, H, W, C)`` of the signals
     ``(S, H, W, C)`` at the first n of ``levels``; ``calib (S,)`` bool marks the calibration signals.
 
     rho_calib is the ``rho_quantile`` quantile of the calibration signals' ratios ||f_{k+1} - f*|| / ||f_k - f*||;
-    bound_k = d_k factor(rho_calib) (``orthogonal``: 1 / sqrt(1 - rho^2), else 1 / (1 - rho)); the
+    bound_k = d_k factor(rho_calib), with 1 / sqrt(1 - rho^2) where ``orthogonal`` is on and 1 / (1 - rho)
+    elsewhere (``orthogonal``: one flag, or ``(S, n - 1)`` bool, per signal and level pair (k, k + 1)); the
     signal-specific prediction is ``predict_errors`` on each signal's own ladder; the calibrated constant is
     c d_k with c the median ||f_k - f*|| / d_k of the calibration pairs. The scores (``summary``, keys from
     ``SUMMARY_KEYS``) are over the test signals; ``CompressionLadder`` defines them.
 
     Returns ``{"levels", "true" (S, n), "calib" (S,), "d" (S, n - 1), "bound", "pred_self", "pred_calib"
-    (S, n - 1), "rho_calib", "summary" {metric: value}, "per_level" [{"true", "bound", "pred"}],
-    "maps": {"true", "pred"} (n - 1, H, W) of the first test signal}``; NaN where undefined (with n < 2: the
-    true errors only).
+    (S, n - 1), "rho_calib", "orthogonal" (S, n - 1) bool, "summary" {metric: value}, "per_level" [{"true",
+    "bound", "pred", "orthogonal" (share of test signals with the tighter factor)}], "maps": {"true", "pred"}
+    (n - 1, H, W) of the first test signal}``; NaN where undefined (with n < 2: the true errors only).
     """
-    n = fits.shape[0]
+    n, n_sig = fits.shape[0], fits.shape[1]
     true = torch.stack([rms(f - signals) for f in fits], 1)  # (S, n)
+    orth = torch.as_tensor(orthogonal, dtype=torch.bool)
+    orth = (orth[:, : n - 1] if orth.dim() == 2 else orth).expand(n_sig, max(n - 1, 0)).clone()
     summary: dict[str, float] = {}
-    per_level = [{"true": float(true[~calib, k].mean()), "bound": math.nan, "pred": math.nan} for k in range(n)]
-    out: dict[str, Any] = {"levels": list(levels[:n]), "true": true, "calib": calib, "orthogonal": orthogonal,
+    per_level = [{"true": float(true[~calib, k].mean()), "bound": math.nan, "pred": math.nan, "orthogonal": math.nan}
+                 for k in range(n)]
+    out: dict[str, Any] = {"levels": list(levels[:n]), "true": true, "calib": calib, "orthogonal": orth,
                            "per_level": per_level, "summary": summary}
     if n < 2:
         return out
@@ -65,7 +69,8 @@ def score_ladder(fits: Tensor, signals: Tensor, calib: Tensor, levels: Sequence[
     out["rho_calib"] = summary["rho_calib"] = rho_cal
     bound = torch.full_like(d, math.nan)
     if 0 <= rho_cal < 1:
-        bound = d * contraction_factor(rho_cal, orthogonal)
+        factor = torch.where(orth, contraction_factor(rho_cal, True), contraction_factor(rho_cal, False))
+        bound = d * factor
         tri = d * contraction_factor(rho_cal, False)
         summary["bound_coverage"] = float((bound[test] >= e[test]).double().mean())
         summary["bound_coverage_triangle"] = float((tri[test] >= e[test]).double().mean())
@@ -77,7 +82,7 @@ def score_ladder(fits: Tensor, signals: Tensor, calib: Tensor, levels: Sequence[
     if n >= 3:
         for s in range(signals.shape[0]):
             try:
-                p = predict_errors(fits[:, s], orthogonal=orthogonal)
+                p = predict_errors(fits[:, s], orthogonal=orth[s].tolist())
             except ContractionError:
                 continue
             pred[s] = p["bound"]
@@ -114,4 +119,5 @@ def score_ladder(fits: Tensor, signals: Tensor, calib: Tensor, levels: Sequence[
     for k in range(n - 1):  # means over the test signals where defined
         per_level[k]["bound"] = float(bound[test, k].nanmean())
         per_level[k]["pred"] = float(pred[test, k].nanmean())
+        per_level[k]["orthogonal"] = float(orth[test, k].double().mean())
     return out

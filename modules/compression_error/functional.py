@@ -47,21 +47,22 @@ def contraction_factor(rho: float, orthogonal: bool = False) -> float:
     return 1.0 / math.sqrt(1.0 - rho**2) if orthogonal else 1.0 / (1.0 - rho)
 
 
-def predict_errors(fits: Sequence[Tensor] | Tensor, rho: float | None = None, orthogonal: bool = False, *,
-                   levels: Sequence[int] | None = None) -> dict[str, Any]:
+def predict_errors(fits: Sequence[Tensor] | Tensor, rho: float | None = None,
+                   orthogonal: bool | Sequence[bool] = False, *, levels: Sequence[int] | None = None) -> dict[str, Any]:
     """Error predictions for the fits f_0 .. f_n of one signal at rising compression levels.
 
     d_k = RMS(f_k - f_{k+1}), k = 0 .. n - 1. Returns
       ``"bound"`` (n,): d_k / (1 - rho), or d_k / sqrt(1 - rho^2) with ``orthogonal`` (nested least squares);
       ``"local"`` (n, *shape): |f_k - f_{k+1}| times the same factor;
       ``"rho"``: ``rho`` if given, else the median of d_{k+1} / d_k (needs >= 3 fits);
-      ``"d"`` (n,) and ``"factor"``.
+      ``"d"`` (n,) and ``"factor"`` (n,), the factor of each level.
     If ||f_{k+1} - f*|| <= rho ||f_k - f*|| then ||f_k - f*|| <= bound_k.
 
     Args:
         fits: a sequence of same-shape tensors, or one tensor ``(n + 1, *shape)``.
         rho: the contraction factor in [0, 1) (e.g. calibrated on held-out signals), or None to estimate it.
-        orthogonal: use the nested least-squares factor.
+        orthogonal: use the nested least-squares factor, at every level or per level k (n bools: the level
+            pair (k, k + 1) whose finer fit passed a convergence check).
         levels: the compression levels of the fits, checked to be strictly rising (optional).
     Raises:
         ConfigError on bad input; ContractionError when the estimated rho is not in [0, 1).
@@ -76,6 +77,9 @@ def predict_errors(fits: Sequence[Tensor] | Tensor, rho: float | None = None, or
             raise ConfigError(f"{len(levels)} levels for {n_fits} fits")
         if any(b <= a for a, b in zip(levels, levels[1:])):
             raise ConfigError(f"levels must be strictly rising (coarse to fine), got {levels}")
+    orth = [bool(orthogonal)] * (n_fits - 1) if isinstance(orthogonal, bool) else [bool(o) for o in orthogonal]
+    if len(orth) != n_fits - 1:
+        raise ConfigError(f"orthogonal needs one flag per level pair ({n_fits - 1}), got {len(orth)}")
     if rho is not None:
         contraction_factor(rho)  # checks rho before anything is computed
     if not torch.isfinite(f).all():
@@ -95,10 +99,10 @@ def predict_errors(fits: Sequence[Tensor] | Tensor, rho: float | None = None, or
                 "levels are under-fitted, not nested, or past the signal's resolution; pass a calibrated rho"
             )
         rho = rho_hat
-    factor = contraction_factor(rho, orthogonal)
+    factor = torch.tensor([contraction_factor(rho, o) for o in orth], dtype=torch.float64)
     return {
         "bound": (d * factor).to(f.dtype),
-        "local": (diff.abs() * factor).to(f.dtype),
+        "local": (diff.abs() * factor.view(-1, *([1] * (diff.dim() - 1)))).to(f.dtype),
         "rho": float(rho),
         "d": d.to(f.dtype),
         "factor": factor,

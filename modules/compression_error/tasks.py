@@ -200,8 +200,20 @@ class CompressionLadder(_SignalTask):
       pairs;
     - ``spearman_local``: the mean over pairs of Spearman(|f_k - f_{k+1}|, |f_k - f*|) over pixels
       (``spearman_local_blur``: both maps blurred by a Gaussian of 2 pixels first);
-    - ``err_true_<k>``, ``err_bound_<k>``, ``err_pred_<k>``: the mean over test signals per level.
+    - ``err_true_<k>``, ``err_bound_<k>``, ``err_pred_<k>``: the mean over test signals per level;
+    - ``rel_grad_<k>``: level k's convergence check, the largest over test signals of the relative gradient
+      norm |grad L(theta_end)| / |grad L(theta_start)| of the level's training loss with respect to the
+      signal's parameters of that level (start: the warm start, before the first step);
+      ``orthogonal_<k>``: the share of test signals whose bound at level k used 1 / sqrt(1 - rho^2).
 
+    The tighter factor 1 / sqrt(1 - rho^2) needs f_k - f_{k+1} orthogonal to f_{k+1} - f*, which holds when
+    the fits are least squares over nested linear subspaces (grid, linear Fourier, single-channel CP with
+    ``task=fit``: a precondition of the family) *and* the finer fit f_{k+1} has reached its optimum. The
+    second part is checked per signal and level: with ``orthogonal: null`` the factor is on for the pair
+    (k, k + 1) of a signal when level k + 1's relative gradient norm is at most ``converged_tol``. For a
+    linear least-squares fit the gradient is A^T (f - f*), so a relative gradient norm g leaves a cross term
+    2 <f_k - f_{k+1}, f_{k+1} - f*> of the order of 2 g d_k^2 (up to the conditioning of A): 0.05 keeps it
+    near 10 % of d_k^2.
     RMS errors are over pixels (values in [0, 1]). Levels not yet fitted (a shortened run) are left out; a
     ladder needs two fitted levels for the bound and three for the signal-specific prediction.
 
@@ -209,8 +221,11 @@ class CompressionLadder(_SignalTask):
         family, task, input_shape, fourier_*, hash_*, init_seed, mri_fraction, ct_angles, ct_support,
         noise_std, lr_schedule, optimizer, lr_scheduler: see ``SignalFit``.
         levels: strictly rising compression levels (default: the family's five for 128 x 128 signals).
-        orthogonal: use the nested least-squares factor 1 / sqrt(1 - rho^2); None: when the family's fits are
-            nested least squares in signal space (grid, linear Fourier, single-channel CP, with ``task=fit``).
+        orthogonal: use the nested least-squares factor 1 / sqrt(1 - rho^2) at every level (True), never
+            (False), or None: per signal and level pair, when the family's fits are nested least squares in
+            signal space (grid, linear Fourier, single-channel CP, with ``task=fit``) and the finer level's
+            fit passed the convergence check (relative gradient norm <= ``converged_tol``).
+        converged_tol: the convergence check's threshold on the relative gradient norm.
         rho_quantile: the quantile of the calibration ratios taken as rho (1.0: the largest).
     """
 
@@ -227,6 +242,7 @@ class CompressionLadder(_SignalTask):
         task: Task = "fit",
         input_shape: tuple[int, ...] = (6, 128, 128, 1),
         orthogonal: bool | None = None,
+        converged_tol: float = 0.05,
         rho_quantile: float = 1.0,
         fourier_frequencies: Literal["lattice", "gaussian"] = "lattice",
         fourier_scale: float = 16.0,
@@ -252,10 +268,13 @@ class CompressionLadder(_SignalTask):
             raise ConfigError(f"levels must be strictly rising (coarse to fine), got {levels}")
         if not 0.0 < rho_quantile <= 1.0:
             raise ConfigError(f"rho_quantile must be in (0, 1], got {rho_quantile}")
+        if not converged_tol > 0:
+            raise ConfigError(f"converged_tol must be positive, got {converged_tol}")
         metrics: dict[str, Any] = {name: WeightedMean() for name in ("rmse", "psnr", "levels_done", *SUMMARY_KEYS)}
         for k in range(len(levels)):
             metrics.update({f"err_true_{k}": WeightedMean(), f"err_bound_{k}": WeightedMean(),
-                            f"err_pred_{k}": WeightedMean()})
+                            f"err_pred_{k}": WeightedMean(), f"rel_grad_{k}": WeightedMean(),
+                            f"orthogonal_{k}": WeightedMean()})
         super().__init__(optimizer, lr_scheduler, metrics=metrics)
         opts = _options(fourier_frequencies, fourier_scale, fourier_hidden, hash_levels, hash_features,
                         hash_base_resolution, hash_finest_resolution, hash_hidden, init_seed, family, input_shape[1])
@@ -263,8 +282,13 @@ class CompressionLadder(_SignalTask):
                            lr_scheduler, ct_support)
         self.levels, self.rho_quantile = levels, rho_quantile
         self.fields = nn.ModuleList([make_field(family, lv, self.S, self.H, self.W, self.C, **opts) for lv in levels])
-        self.orthogonal = (task == "fit" and is_nested_least_squares(self.fields[0])) if orthogonal is None else orthogonal
+        self.orthogonal, self.converged_tol = orthogonal, converged_tol
+        self.nested_least_squares = task == "fit" and is_nested_least_squares(self.fields[0])
         self.register_buffer("current", torch.tensor(-1))  # the level trained last (-1: none yet)
+        # the convergence check per level and signal, kept in checkpoints: ``test`` reads it from one
+        self.register_buffer("rel_grad", torch.full((len(levels), self.S), math.nan, dtype=torch.float64))
+        self._grad_start: Tensor | None = None
+        self._train_signals: Tensor | None = None
 
     # --- training: one level per epoch ----------------------------------------------------------------------
     @property
@@ -296,6 +320,52 @@ class CompressionLadder(_SignalTask):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._apply_lr_schedule(batch_idx)
+        if batch_idx == 0:  # the level's start (its warm start), before its first step
+            self._train_signals, _ = self._check_batch(batch)
+            self._grad_start = self.grad_norms(self.active, self._train_signals)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # after the level's last step, before any epoch-end hook (the ErrorLadder diagnostic reads the check)
+        if batch_idx + 1 == self.trainer.num_training_batches:
+            self._finish_check()
+        super().on_train_batch_end(outputs, batch, batch_idx)
+
+    def on_train_epoch_end(self) -> None:
+        self._finish_check()  # a level stopped early (no last batch): check where it stopped
+        super().on_train_epoch_end()
+
+    def _finish_check(self) -> None:
+        if self._train_signals is not None and self._grad_start is not None:
+            k = self.active
+            end = self.grad_norms(k, self._train_signals)
+            start = self._grad_start
+            # a fit that starts at its optimum (zero gradient) has converged
+            self.rel_grad[k] = torch.where(start > 0, end / start.clamp(min=1e-300), torch.zeros_like(end))
+            self._grad_start = None
+
+    def grad_norms(self, k: int, signals: Tensor) -> Tensor:
+        """``(S,)``: the norm of the gradient of the training loss |A f - y|^2 with respect to each signal's
+        parameters of level k (every parameter's first axis is the signal)."""
+        params = list(self.fields[k].parameters())
+        with torch.enable_grad():
+            fit = self.render(self.fields[k])
+            loss = self.data_loss(fit, self.measurements(signals))
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+        sq = torch.zeros(self.S, dtype=torch.float64, device=signals.device)
+        for g in grads:
+            if g is not None:
+                sq = sq + g.detach().double().pow(2).flatten(1).sum(1)
+        return sq.sqrt()
+
+    def orthogonal_flags(self) -> Tensor:
+        """``(S, n_levels - 1)`` bool: where the bound at level k uses 1 / sqrt(1 - rho^2) (see the class)."""
+        shape = (self.S, len(self.levels) - 1)
+        if self.orthogonal is not None:
+            return torch.full(shape, bool(self.orthogonal))
+        if not self.nested_least_squares:
+            return torch.zeros(shape, dtype=torch.bool)
+        finer = self.rel_grad[1:].T.cpu()  # (S, n - 1): level k + 1's check; NaN (not trained) fails
+        return finer <= self.converged_tol
 
     def fits(self) -> list[Tensor]:
         """The fitted levels' renderings ``[(S, H, W, C)]`` (no grad)."""
@@ -325,6 +395,11 @@ class CompressionLadder(_SignalTask):
                 for name in ("true", "bound", "pred"):
                     if math.isfinite(row[name]):
                         inputs[f"err_{name}_{j}"] = (torch.tensor(row[name], dtype=torch.float64), 1)
+                if math.isfinite(row["orthogonal"]):
+                    inputs[f"orthogonal_{j}"] = (torch.tensor(row["orthogonal"], dtype=torch.float64), 1)
+                rel = self.rel_grad[j][~calib.to(self.rel_grad.device)]
+                if j < self.levels_done and bool(torch.isfinite(rel).all()):
+                    inputs[f"rel_grad_{j}"] = (rel.max(), 1)
         return StepOutput(loss, n=1, inputs=inputs)
 
     # --- the error analysis ---------------------------------------------------------------------------------
@@ -339,4 +414,6 @@ class CompressionLadder(_SignalTask):
         """
         signals, calib = self._check_batch(batch)
         fits = torch.stack(self.fits())  # (n, S, H, W, C)
-        return score_ladder(fits, signals, calib, self.levels, self.orthogonal, self.rho_quantile)
+        out = score_ladder(fits, signals, calib, self.levels, self.orthogonal_flags(), self.rho_quantile)
+        out["rel_grad"] = self.rel_grad[: fits.shape[0]].T.cpu()  # (S, n)
+        return out

@@ -210,7 +210,8 @@ def test_task_loss_is_the_weighted_sum_of_step_losses() -> None:
 def test_psnr_step_k_is_the_mean_image_psnr_after_rollout_step_k() -> None:
     """``test/psnr_step<k>`` (claim 3 of docs/papers/attn_hyper_inr.md reads them in order k = 1..K) against a
     hand computation: the INR after k rollout steps rendered and clipped to the pixel range [0, 1], -10 log10 of
-    each image's mean squared pixel error (peak 1), averaged over the 5 test images of two batches (3 + 2, so a per-batch mean would differ)."""
+    each image's mean squared pixel error (peak 1), averaged over the 5 test images of two batches (3 + 2, so a
+    per-batch mean would differ); ``test/psnr_mean_colour`` (the floor claims 2-3 are read against) by a loop."""
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -232,6 +233,14 @@ def test_psnr_step_k_is_the_mean_image_psnr_after_rollout_step_k() -> None:
     got = [logged[f"test/psnr_step{k}"] for k in (1, 2, 3)]
     assert got == pytest.approx(hand, abs=1e-4), (got, hand)
     assert logged["test/psnr"] == pytest.approx(hand[-1], abs=1e-4)
+    # the mean-colour floor: each image rendered as its own per-channel mean, by a loop over pixels
+    floor = []
+    for img in images.double():
+        c, h, w = img.shape
+        means = [sum(float(img[ch, i, j]) for i in range(h) for j in range(w)) / (h * w) for ch in range(c)]
+        sq = sum((float(img[ch, i, j]) - means[ch]) ** 2 for ch in range(c) for i in range(h) for j in range(w))
+        floor.append(-10 * math.log10(sq / (c * h * w)))
+    assert logged["test/psnr_mean_colour"] == pytest.approx(sum(floor) / len(floor), abs=1e-4)
 
 
 # --- bad input --------------------------------------------------------------------------------------------
@@ -284,9 +293,13 @@ def test_rollout_psnr_has_a_step_zero_column_for_every_net() -> None:
 
 
 # --- through the CLI --------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cli_links_the_image_shape_into_the_net_and_logs_the_scaling_table(paperlab_tmp) -> None:
     """The config names the net without sizes: the CLI links the data's (C, H, W) into the task, which builds
-    ``net(input_shape, out_dim)``; ParameterScaling's table reaches the run through the diagnostic base."""
+    ``net(input_shape, out_dim)``; ParameterScaling's table reaches the run through the diagnostic base.
+    Slow (a second CLI fit + test of shapes2d.yaml): the default suite builds the same config through the CLI
+    (tests/test_cli.py's config check, sizes linked) and fits + tests it (its smoke fit); the counts are
+    checked by test_task_reports_the_three_scalings."""
     config = REPO / "configs/attn_hyper_inr/shapes2d.yaml"
     small = [*TINY, "--data.init_args.train_size", "48", "--data.init_args.val_size", "16",
              "--data.init_args.test_size", "16", "--run.name", "tiny"]
