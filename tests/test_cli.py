@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,13 +38,27 @@ def _config_id(path: Path) -> str:
     return f"{path.parent.name}/{path.stem}"
 
 
+BUILD_SLICES: dict[str, dict[str, object]] = yaml.safe_load((REPO / "tests/conf/config_builds.yaml").read_text())
+
+
+def build_slice(config: Path) -> list[str]:
+    """The command-line overrides ``tests/conf/config_builds.yaml`` gives ``config``: a smaller data slice."""
+    return [a for k, v in BUILD_SLICES.get(_config_id(config), {}).items() for a in (f"--{k}", json.dumps(v))]
+
+
+def test_build_slices_name_existing_configs() -> None:
+    stale = set(BUILD_SLICES) - {_config_id(c) for c in EXPERIMENT_CONFIGS}
+    assert not stale, f"tests/conf/config_builds.yaml names configs that do not exist: {sorted(stale)}"
+
+
 @pytest.mark.parametrize("config", EXPERIMENT_CONFIGS, ids=_config_id)
 def test_config_builds(config: Path, paperlab_tmp: Path) -> None:
     """The default suite's check of every experiment config: parsed, model and DataModule built (sizes linked),
-    the training split set up and its first batch drawn; no fit (each method's smoke fit is below, every
-    config's tiny fit in the slow suite). A paper-scale config fails offline with the one-line hint only."""
+    the training split set up (on the slice tests/conf/config_builds.yaml names, if any) and its first batch
+    drawn; no fit (each method's smoke fit is below, every config's tiny fit in the slow suite). A paper-scale
+    config fails offline with the one-line hint only."""
     try:
-        cli = PaperlabCLI(args=["--config", str(config), *TINY], run=False)
+        cli = PaperlabCLI(args=["--config", str(config), *build_slice(config), *TINY], run=False)
         data = cli.datamodule
         data.trainer = cli.trainer  # what a fit attaches: the loaders shard by its world size
         data.setup("fit")
