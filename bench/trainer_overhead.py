@@ -20,6 +20,9 @@ median time of a training step (its batch's start to its end). The load average 
 the development machine is shared, so run it when it is quiet (or at ``nice -n -10``) and compare medians.
 
     python bench/trainer_overhead.py --repeats 5
+
+``--breakdown`` prints, instead of the ratios, where the difference goes: every hook's time per fit in both
+stacks, from Lightning's ``SimpleProfiler`` (``python bench/trainer_overhead.py --breakdown --cases mlp-b150``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -39,6 +43,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.profilers import Profiler, SimpleProfiler
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -177,16 +182,20 @@ def _limits(case: Case) -> dict:
     return out
 
 
-def bare_lightning(case: Case, dm: L.LightningDataModule, n_train: int) -> tuple[float, Timer]:
+def bare_lightning(
+    case: Case, dm: L.LightningDataModule, n_train: int, profiler: Profiler | None = None
+) -> tuple[float, Timer]:
     trainer = L.Trainer(max_epochs=case.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, **_limits(case))
+                        enable_model_summary=False, num_sanity_val_steps=0, profiler=profiler, **_limits(case))
     timer = Timer()
     trainer.callbacks.append(timer)
     trainer.fit(_Bare(_net(case)), dm)
     return _samples(case, n_train) / (timer.end - timer.start), timer
 
 
-def paperlab_stack(case: Case, workdir: Path, run: int, n_train: int) -> tuple[float, Timer]:
+def paperlab_stack(
+    case: Case, workdir: Path, run: int, n_train: int, profiler: Profiler | None = None
+) -> tuple[float, Timer]:
     os.chdir(workdir)
     limits = [a for k, v in _limits(case).items() for a in (f"--trainer.{k}", str(v))]
     cli = PaperlabCLI(
@@ -199,8 +208,36 @@ def paperlab_stack(case: Case, workdir: Path, run: int, n_train: int) -> tuple[f
     )
     timer = Timer()
     cli.trainer.callbacks.append(timer)
+    if profiler is not None:  # a chosen profiler is kept by the project's callbacks (callbacks/profiler.py)
+        cli.trainer.profiler = profiler
     cli.trainer.fit(cli.model, cli.datamodule)
     return _samples(case, n_train) / (timer.end - timer.start), timer
+
+
+def breakdown(case: Case, dm: L.LightningDataModule, workdir: Path, n_train: int, repeats: int) -> None:
+    """Where paperlab's extra time goes: Lightning's ``SimpleProfiler`` times every hook call (each callback's,
+    the module's, the loops' own actions) in both stacks; printed per fit, the actions whose total differs by
+    more than 0.5 ms, largest first. The profiler's own cost (a few microseconds per call) is in both stacks."""
+    totals: dict[str, dict[str, list[float]]] = {"bare": {}, "paperlab": {}}
+    for r in range(repeats):
+        for stack in ("paperlab", "bare"):
+            profiler = SimpleProfiler()
+            if stack == "bare":
+                bare_lightning(case, dm, n_train, profiler)
+            else:
+                paperlab_stack(case, workdir, 1000 + r, n_train, profiler)
+            for action, durations in profiler.recorded_durations.items():
+                if action.endswith((".setup", ".prepare_data", ".configure_optimizers", ".on_fit_start")):
+                    continue  # before the first batch: outside the timed window
+                # one name per hook in both stacks: the task's class and a callback's state key dropped
+                action = re.sub(r"\{.*\}", "", re.sub(r"^\[LightningModule\]\w+\.", "[LightningModule]task.", action))
+                totals[stack].setdefault(action, []).append(sum(durations))
+    ms = {stack: {a: 1e3 * statistics.median(v) for a, v in t.items()} for stack, t in totals.items()}
+    rows = [(a, ms["bare"].get(a, 0.0), ms["paperlab"].get(a, 0.0)) for a in set(ms["bare"]) | set(ms["paperlab"])]
+    rows = [r for r in rows if abs(r[2] - r[1]) > 0.5 and not r[0].startswith(("run_training", "[_TrainingEpochLoop"))]
+    print(f"{case.name}: per fit ({case.epochs} epochs), median of {repeats}, ms: bare / paperlab / difference")
+    for action, b, p in sorted(rows, key=lambda r: -(r[2] - r[1])):
+        print(f"  {b:8.1f} {p:8.1f} {p - b:+8.1f}  {action}")
 
 
 def main() -> None:
@@ -208,6 +245,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="instead of the ratios: each stack's time per hook (Lightning's SimpleProfiler)")
     args = parser.parse_args()
     sys.argv = sys.argv[:1]  # the CLI gets its arguments from `args=`; Lightning warns when argv has others
     torch.set_num_threads(args.threads)
@@ -222,6 +261,9 @@ def main() -> None:
         case = CASES[name]
         splits, dm = _data(case)
         n_train = len(splits["train"][0])
+        if args.breakdown:
+            breakdown(case, dm, workdir, n_train, args.repeats)
+            continue
         vs_plain, vs_bare, gaps_bare, gaps_ours, steps_bare, steps_ours = [], [], [], [], [], []
         for r in range(args.repeats):
             plain = plain_loop(case, splits, seed=r)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import yaml
+from mlflow.entities import Run
 
 from datamodules.base import PaperlabDataModule
 from errors import PaperlabError
@@ -35,13 +38,27 @@ def _config_id(path: Path) -> str:
     return f"{path.parent.name}/{path.stem}"
 
 
+BUILD_SLICES: dict[str, dict[str, object]] = yaml.safe_load((REPO / "tests/conf/config_builds.yaml").read_text())
+
+
+def build_slice(config: Path) -> list[str]:
+    """The command-line overrides ``tests/conf/config_builds.yaml`` gives ``config``: a smaller data slice."""
+    return [a for k, v in BUILD_SLICES.get(_config_id(config), {}).items() for a in (f"--{k}", json.dumps(v))]
+
+
+def test_build_slices_name_existing_configs() -> None:
+    stale = set(BUILD_SLICES) - {_config_id(c) for c in EXPERIMENT_CONFIGS}
+    assert not stale, f"tests/conf/config_builds.yaml names configs that do not exist: {sorted(stale)}"
+
+
 @pytest.mark.parametrize("config", EXPERIMENT_CONFIGS, ids=_config_id)
 def test_config_builds(config: Path, paperlab_tmp: Path) -> None:
     """The default suite's check of every experiment config: parsed, model and DataModule built (sizes linked),
-    the training split set up and its first batch drawn; no fit (each method's smoke fit is below, every
-    config's tiny fit in the slow suite). A paper-scale config fails offline with the one-line hint only."""
+    the training split set up (on the slice tests/conf/config_builds.yaml names, if any) and its first batch
+    drawn; no fit (each method's smoke fit is below, every config's tiny fit in the slow suite). A paper-scale
+    config fails offline with the one-line hint only."""
     try:
-        cli = PaperlabCLI(args=["--config", str(config), *TINY], run=False)
+        cli = PaperlabCLI(args=["--config", str(config), *build_slice(config), *TINY], run=False)
         data = cli.datamodule
         data.trainer = cli.trainer  # what a fit attaches: the loaders shard by its world size
         data.setup("fit")
@@ -66,11 +83,31 @@ def _default_config(method: str) -> Path:
 
 SMOKE_CONFIGS = [_default_config(m) for m in sorted({c.parent.name for c in EXPERIMENT_CONFIGS})]
 
+# What a smoke run must log beyond some train/ and test/ metric: the quantities a method's README row reports,
+# where no other default-suite test sees them reach MLflow through the CLI.
+SMOKE_METRICS: dict[str, set[str]] = {
+    "frac_ssm": {"test/acc", "test/acc_lag1_32", "test/acc_lag32_256", "test/acc_lag256_1024", "train/alpha_mean",
+                 "diag/kernel_shape/loglog_r2", "diag/kernel_shape/semilog_r2"},
+}
+
+
+def smoke_overrides(method: str) -> list[str]:
+    """``tests/conf/<method>.yaml`` stacked on the default config where the method has one: the same model and
+    data classes at a size that keeps the method's share of the default suite within its budget (a smaller data
+    set, diagnostics without figures). The experiments themselves are checked by ``test_config_builds``."""
+    conf = REPO / "tests" / "conf" / f"{method}.yaml"
+    return ["--config", str(conf)] if conf.is_file() else []
+
 
 @pytest.mark.parametrize("config", SMOKE_CONFIGS, ids=_config_id)
 def test_smoke_fit_then_test(config: Path, paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
-    """Each method's one CLI fit + test in the default suite, on its default config at the tiny budget."""
-    _fit_then_test(config, paperlab_tmp, capsys)
+    """Each method's one CLI fit + test in the default suite, on its default config (with its smoke overrides)
+    at the tiny budget."""
+    method = config.parent.name
+    run = _fit_then_test(config, paperlab_tmp, capsys, smoke_overrides(method))
+    if run is not None:
+        missing = SMOKE_METRICS.get(method, set()) - set(run.data.metrics)
+        assert not missing, f"{method}: the smoke run did not log {sorted(missing)}"
 
 
 @pytest.mark.slow
@@ -80,23 +117,28 @@ def test_fit_then_test_from_config(config: Path, paperlab_tmp: Path, capsys: pyt
     _fit_then_test(config, paperlab_tmp, capsys)
 
 
-def _fit_then_test(config: Path, paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
+def _fit_then_test(
+    config: Path, paperlab_tmp: Path, capsys: pytest.CaptureFixture, overrides: Sequence[str] = ()
+) -> Run | None:
+    """Fit and test ``config`` at the tiny budget; the MLflow run, or None for a paper-scale config offline."""
+    args = ["--config", str(config), *overrides, *TINY]
     name = ["--run.name", config.stem]  # TINY's overrides would otherwise name the run (test_run_names)
-    rc = cli_main(["fit", "--config", str(config), *TINY, *name])
+    rc = cli_main(["fit", *args, *name])
     if rc != 0:
         # Paper-scale configs read hub data: offline they must fail with the one-line hint, nothing else.
         err = capsys.readouterr().err
         assert HUB_HINT in err, err[-2000:]
-        return
+        return None
     method = config.parent.name
     ckpt_dir = paperlab_tmp / "checkpoints" / method / config.stem
     assert (ckpt_dir / "last.ckpt").is_file()
-    assert cli_main(["test", "--config", str(config), *TINY, *name, "--ckpt_path", "last"]) == 0
+    assert cli_main(["test", *args, *name, "--ckpt_path", "last"]) == 0
     (run,) = runs_of(method)
     assert run.info.status == "FINISHED"
     assert run.info.run_name == config.stem
     assert any(k.startswith("test/") for k in run.data.metrics), run.data.metrics
     assert any(k.startswith("train/") for k in run.data.metrics), run.data.metrics
+    return run
 
 
 def test_mlflow_run_contents(paperlab_tmp: Path) -> None:

@@ -311,6 +311,9 @@ def test_model_refuses_bad_configurations() -> None:
 
 
 # --- through the CLI -------------------------------------------------------------------------------------------
+# The default suite's twin is tests/test_cli.py's smoke fit (recall_frac.yaml + tests/conf/frac_ssm.yaml), which
+# checks the same metrics reach MLflow (SMOKE_METRICS); this second CLI fit is the slow tier's.
+@pytest.mark.slow
 def test_fit_and_test_through_the_cli(paperlab_tmp: Path) -> None:
     """A tiny recall run logs the lag-bucket accuracies and the kernel diagnostic to MLflow."""
     from main import cli_main

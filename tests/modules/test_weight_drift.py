@@ -114,6 +114,9 @@ def test_optimizer_from_the_config():
     assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.9 and opt.defaults["lr"] == 0.5
 
 
+# The default suite's twins: tests/test_cli.py builds every config (model, data, a first batch) and fits + tests
+# the default one through the CLI; these one-step fits of every config (about 9 s) are the slow tier's.
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_config_fast_dev_run(config, paperlab_tmp):
     from main import cli_main
