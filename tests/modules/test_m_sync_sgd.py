@@ -513,10 +513,12 @@ def test_claim_synchronous_sgd_is_2x_slower_than_the_best_m_under_lognormal_time
 
 
 @pytest.mark.slow
-def test_claim_the_best_m_under_sqrt_times_is_within_2x_of_sigma2_over_epsilon() -> None:
+def test_claim_the_best_m_under_sqrt_times_lies_on_the_flat_part_between_both_optima() -> None:
+    """What the runs can resolve: the best m lies in [4, 16], around m-Sync's own optimum (8) and Rennala's bound's
+    (12). The spec's +-30 % window around 12 is not asserted: the page finds it inconclusive (m = 6..14 within noise)."""
     times = {m: _msync_best(m, SQRT) for m in (2, 4, 8, 16, 32)}
     m_best = min(times, key=times.get)
-    assert 4 <= m_best <= 16, times  # m* = sigma^2 / epsilon = 8
+    assert 4 <= m_best <= 16, times
 
 
 @pytest.mark.slow
