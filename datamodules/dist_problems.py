@@ -3,10 +3,17 @@
 A *problem* gives n workers stochastic gradients of f = (1/n) sum_i f_i and the exact quantities a method
 is judged by (f(x), grad f(x), f*). Two families:
 
-``QuadraticProblem`` (diagonal, so every constant is closed-form):
-    f_i(x) = 1/2 sum_j a_ij x_j^2 - b_ij x_j,   f = (1/n) sum_i f_i = 1/2 x^T diag(abar) x - bbar^T x,
+``QuadraticProblem`` (diagonal in an orthonormal basis Q, so every constant is closed-form):
+    f_i(x) = g_i(Q^T x),  g_i(y) = 1/2 sum_j a_ij y_j^2 - b_ij y_j,
+    f = (1/n) sum_i f_i = 1/2 x^T Q diag(abar) Q^T x - (Q bbar)^T x,   grad f_i(x) = Q (a_i * Q^T x - b_i),
     stochastic gradient of worker i: grad f_i(x) + xi,  xi ~ N(0, sigma^2/d I)  (so E|xi|^2 = sigma^2),
-    L = max_j abar_j, mu = min_j abar_j, x* = bbar / abar, f* = -1/2 sum_j bbar_j^2 / abar_j.
+    L = max_j abar_j, mu = min_j abar_j, x* = Q (bbar / abar), f* = -1/2 sum_j bbar_j^2 / abar_j.
+  Q = I (the default) is the separable problem: each coordinate of grad f_i depends on that coordinate of x
+  only. ``rotate`` draws Q once from ``seed`` (Haar, a stream of its own, so the heterogeneity draws do not
+  change): the same spectrum, optimum value, Delta and |grad f(x0)| (x0 is rotated with it), the same
+  functional constants (every norm is kept), isotropic noise unchanged, but a dense Hessian: a method whose
+  update relies on coordinate separability (a per-coordinate uplink, say) sees the difference, a
+  rotation-equivariant one (GD, SGD, MARINA-P on a homogeneous problem) does not.
   ``make_quadratic`` builds the spectrum lambda (``slow_fraction`` of the d eigenvalues log-spaced in
   [mu, L], the rest at L) and the start x0 with grad f(x0)_j equal in every coordinate and |grad f(x0)| =
   ``grad_norm0`` (so the slow directions carry as much gradient as the fast ones). ``heterogeneity`` h >= 0
@@ -83,17 +90,20 @@ class DistributedProblem:
 
 
 class QuadraticProblem(DistributedProblem):
-    """Diagonal quadratics f_i(x) = 1/2 sum_j a_ij x_j^2 - b_ij x_j with Gaussian gradient noise (see the module docstring).
+    """Quadratics f_i(x) = g_i(Q^T x), g_i(y) = 1/2 sum_j a_ij y_j^2 - b_ij y_j, with Gaussian gradient noise
+    (see the module docstring).
 
     Args:
-        a: (n, d) the diagonals of A_i (or (d,) shared by every worker).
-        b: (n, d) the b_i (or (d,) shared).
+        a: (n, d) the diagonals of A_i in the basis Q (or (d,) shared by every worker).
+        b: (n, d) the b_i in the basis Q (or (d,) shared).
         sigma: gradient noise: xi ~ N(0, sigma^2/d I).
-        x0: (d,) the start.
+        x0: (d,) the start (in the coordinates of x, not of Q^T x).
         n_workers: n when ``a`` and ``b`` are shared (default: the rows of ``a``).
+        basis: (d, d) the orthogonal Q; None: the identity (separable).
     """
 
-    def __init__(self, a: Tensor, b: Tensor, sigma: float, x0: Tensor, n_workers: int | None = None) -> None:
+    def __init__(self, a: Tensor, b: Tensor, sigma: float, x0: Tensor, n_workers: int | None = None,
+                 basis: Tensor | None = None) -> None:
         a = a.double()
         b = b.double()
         if a.dim() == 1:
@@ -118,27 +128,69 @@ class QuadraticProblem(DistributedProblem):
         self.sigma2 = float(sigma) ** 2
         self.L = float(abar.max())
         self.mu = float(abar.min())
-        self.x_star = self.bbar / self.abar
         self.f_star = float(-0.5 * (self.bbar**2 / self.abar).sum())
         self._x0 = x0.double().clone()
+        self.basis: Tensor | None = None
+        self._split: tuple[float, Tensor, Tensor] | None = None
+        if basis is not None:
+            basis = basis.double()
+            if basis.shape != (self.dim, self.dim):
+                raise ConfigError(f"the basis must be ({self.dim}, {self.dim}), got {tuple(basis.shape)}")
+            self.basis = basis
+            self._low_rank_split()
+        self.x_star = self._out(self.bbar / self.abar)
+
+    def _low_rank_split(self) -> None:
+        """A shared a with one value c on most coordinates: A = c I + Q_S diag(a_S - c) Q_S^T, so a
+        product costs 2 d |S| instead of 2 d^2 (|S| = 100 of d = 1000 on the default spectrum)."""
+        self._split: tuple[float, Tensor, Tensor] | None = None
+        if not self.shared:
+            return
+        values, counts = torch.unique(self.a[0], return_counts=True)
+        c = values[counts.argmax()]
+        rest = (self.a[0] != c).nonzero().flatten()
+        if 2 * len(rest) < self.dim:
+            assert self.basis is not None
+            self._split = (float(c), self.basis[:, rest].contiguous(), (self.a[0, rest] - c).contiguous())
+
+    def _in(self, x: Tensor) -> Tensor:
+        """Q^T x for a vector or for the rows of a matrix."""
+        return x if self.basis is None else x @ self.basis
+
+    def _out(self, y: Tensor) -> Tensor:
+        """Q y for a vector or for the rows of a matrix."""
+        return y if self.basis is None else y @ self.basis.T
+
+    def _hessian_times(self, xs: Tensor, rows: Tensor | None) -> Tensor:
+        """A_i x_i for rows x_i of ``xs`` (``rows``: their workers; None: every worker, or the shared A)."""
+        a = self.a if rows is None or self.shared else self.a[rows]
+        if self.basis is None:
+            return a * xs
+        if self._split is not None:
+            c, qs, extra = self._split
+            return c * xs + ((xs @ qs) * extra) @ qs.T
+        return self._out(a * self._in(xs))
 
     def x0(self) -> Tensor:
         return self._x0.clone()
 
     def loss(self, x: Tensor) -> float:
-        return float(0.5 * (self.abar * x * x).sum() - (self.bbar * x).sum())
+        y = self._in(x)
+        return float(0.5 * (self.abar * y * y).sum() - (self.bbar * y).sum())
 
     def grad(self, x: Tensor) -> Tensor:
-        return self.abar * x - self.bbar
+        return self._out(self.abar * self._in(x) - self.bbar)
 
     def worker_grad(self, x: Tensor, worker: int) -> Tensor:
         """grad f_i(x), exact."""
-        i = 0 if self.shared else worker
-        return self.a[i] * x - self.b[i]
+        return self.worker_grads(x[None], [worker])[0]
 
-    def worker_grads(self, xs: Tensor) -> Tensor:
-        """grad f_i(x_i) for every worker at once: ``xs`` (n, d) -> (n, d)."""
-        return self.a * xs - self.b
+    def worker_grads(self, xs: Tensor, workers: list[int] | None = None) -> Tensor:
+        """grad f_i(x_i) for many workers at once: ``xs`` (n, d) -> (n, d); with ``workers``, only those rows
+        (``xs`` then holds one row per listed worker)."""
+        rows = None if workers is None else torch.as_tensor(workers, dtype=torch.long)
+        b = self.b if rows is None or self.shared else self.b[rows]
+        return self._hessian_times(xs, rows) - self._out(b)
 
     def noise(self, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
         if self.sigma == 0:
@@ -184,8 +236,10 @@ def make_quadratic(
     sigma: float = 0.283,
     heterogeneity: float = 0.0,
     seed: int = 0,
+    rotate: bool = False,
 ) -> QuadraticProblem:
-    """The quadratic of the module docstring; ``heterogeneity`` 0 gives n identical workers."""
+    """The quadratic of the module docstring; ``heterogeneity`` 0 gives n identical workers; ``rotate`` the
+    same problem in the random orthonormal basis ``random_basis(dim, seed)``."""
     if n_workers < 1:
         raise ConfigError(f"n_workers must be >= 1, got {n_workers}")
     if heterogeneity < 0:
@@ -194,8 +248,11 @@ def make_quadratic(
         raise ConfigError(f"grad_norm0 must be > 0, got {grad_norm0}")
     lam = quadratic_spectrum(dim, L, mu, slow_fraction)
     x0 = grad_norm0 / (lam * math.sqrt(dim))  # grad f(x0) = lam * x0 = grad_norm0 / sqrt(d) per coordinate
+    basis = random_basis(dim, seed) if rotate else None
+    if basis is not None:
+        x0 = basis @ x0
     if heterogeneity == 0:
-        return QuadraticProblem(lam, torch.zeros(dim, dtype=torch.float64), sigma, x0, n_workers)
+        return QuadraticProblem(lam, torch.zeros(dim, dtype=torch.float64), sigma, x0, n_workers, basis=basis)
     gen = torch.Generator().manual_seed(seed)
     z = torch.randn(n_workers, dim, generator=gen, dtype=torch.float64)
     w = torch.randn(n_workers, dim, generator=gen, dtype=torch.float64)
@@ -203,7 +260,19 @@ def make_quadratic(
         z, w = z - z.mean(0), w - w.mean(0)
     else:
         z, w = torch.zeros_like(z), torch.zeros_like(w)
-    return QuadraticProblem(lam * (1 + heterogeneity * z), heterogeneity * lam * w, sigma, x0)
+    return QuadraticProblem(lam * (1 + heterogeneity * z), heterogeneity * lam * w, sigma, x0, basis=basis)
+
+
+# the basis has a random stream of its own: drawing it must not move the heterogeneity draws of the same seed
+_BASIS_STREAM = 7_919
+
+
+def random_basis(dim: int, seed: int) -> Tensor:
+    """A (dim, dim) orthogonal matrix drawn from the Haar measure: the QR factor of a Gaussian matrix with the
+    signs of R's diagonal moved into Q (without it Q is not uniformly distributed), seeded by ``seed``."""
+    gen = torch.Generator().manual_seed(_BASIS_STREAM + seed)
+    q, r = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=torch.float64))
+    return q * torch.sign(torch.diagonal(r))[None, :]
 
 
 class DigitsProblem(DistributedProblem):
@@ -319,10 +388,11 @@ class DistProblemDataModule(PaperlabDataModule):
 
     Args:
         problem: ``quadratic`` or ``digits``.
-        dim, L, mu, slow_fraction, grad_norm0, sigma, heterogeneity: the quadratic (``make_quadratic``).
+        dim, L, mu, slow_fraction, grad_norm0, sigma, heterogeneity, rotate: the quadratic (``make_quadratic``;
+            ``rotate``: the same problem in a random orthonormal basis from ``problem_seed``, not separable).
         hidden, batch_per_worker, split, test_size: the digits problem (``DigitsProblem``).
         steps_per_epoch: server updates per Lightning epoch (the length of the train loader).
-        problem_seed: seed of the quadratic's heterogeneity and of the digits split and initial weights.
+        problem_seed: seed of the quadratic's heterogeneity and basis and of the digits split and initial weights.
     """
 
     def __init__(
@@ -335,6 +405,7 @@ class DistProblemDataModule(PaperlabDataModule):
         grad_norm0: float = 10.0,
         sigma: float = 0.283,
         heterogeneity: float = 0.0,
+        rotate: bool = False,
         hidden: list[int] | None = None,
         batch_per_worker: int = 16,
         split: Literal["iid", "by_label"] = "iid",
@@ -349,7 +420,7 @@ class DistProblemDataModule(PaperlabDataModule):
             raise ConfigError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
         self.problem = problem
         self.quadratic_args = dict(dim=dim, L=L, mu=mu, slow_fraction=slow_fraction, grad_norm0=grad_norm0,
-                                   sigma=sigma, heterogeneity=heterogeneity, seed=problem_seed)
+                                   sigma=sigma, heterogeneity=heterogeneity, seed=problem_seed, rotate=rotate)
         self.digits_args = dict(hidden=[32] if hidden is None else hidden, batch_per_worker=batch_per_worker,
                                 split=split, test_size=test_size, seed=problem_seed)
         self.steps_per_epoch = steps_per_epoch
@@ -359,6 +430,8 @@ class DistProblemDataModule(PaperlabDataModule):
             quadratic_spectrum(dim, L, mu, slow_fraction)
             if sigma < 0 or heterogeneity < 0 or grad_norm0 <= 0:
                 raise ConfigError("need sigma >= 0, heterogeneity >= 0 and grad_norm0 > 0")
+        elif rotate:
+            raise ConfigError("rotate applies to problem: quadratic; drop data.init_args.rotate for digits")
 
     def build_problem(self, n_workers: int) -> DistributedProblem:
         """The problem for ``n_workers`` workers (what the task asks for: ``modules.protocols.ProvidesProblem``)."""

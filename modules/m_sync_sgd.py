@@ -11,7 +11,10 @@ and at the m-th arrival the server steps
 
 discarding the other n - m jobs (backup workers); m = n is Synchronous SGD. The paper proves that these
 synchronous methods reach the lower bound of asynchronous optimisation (Rennala SGD's T_opt) up to
-logarithmic factors under random and partially adversarial computation times.
+logarithmic factors under random and partially adversarial computation times. Under fixed times the module
+logs both: m-Sync's own time shape tau_(m) (1 + sigma^2 / (m epsilon)) (``train/msync_time_shape``) and the
+lower bound's term ((1/m) sum_{i<=m} 1/tau_(i))^(-1) (1 + sigma^2 / (m epsilon)) with its minimum and argmin
+over m (``train/rennala_bound_at_m``, ``train/rennala_bound``, ``train/rennala_bound_argmin``).
 
 Two paths:
 
@@ -37,7 +40,7 @@ from typing import Literal
 from torch import Tensor
 
 from errors import ConfigError
-from modules.components.compute_time import ComputeTimeModel
+from modules.components.compute_time import ComputeTimeModel, rennala_lower_bound, rennala_time_shape
 from modules.components.simulated_task import SimulatedServerTask
 from modules.components.supervised import SupervisedTask
 from modules.components.worker_sim import (
@@ -118,10 +121,17 @@ class SimulatedDistributedSGD(SimulatedServerTask):
         stats = self.server.stats
         return {"grads_used": float(stats.used), "grads_dropped": float(stats.dropped)}
 
-    def theory_time(self) -> float | None:
-        """E[tau_(m:n_available)] (1 + sigma^2 / (m epsilon)): the shape of m-Sync SGD's time to epsilon
-        (per L Delta / epsilon) for a homogeneous problem with known sigma^2; None for the others."""
+    def _sigma2_over_eps(self) -> float | None:
         if self.method not in ("msync", "sync") or self.problem is None or self.problem.sigma2 is None:
+            return None
+        return self.problem.sigma2 / self.epsilon
+
+    def msync_time_shape(self) -> float | None:
+        """E[tau_(m:n_available)] (1 + sigma^2 / (m epsilon)): m-Sync SGD's own round time times its rounds (per
+        L Delta / epsilon) for a homogeneous problem with known sigma^2; None for the others. Not a lower bound:
+        see ``rennala_bound``."""
+        s = self._sigma2_over_eps()
+        if s is None:
             return None
         if self.time_model.kind == "fixed":
             if self.silent_fraction > 0:
@@ -130,7 +140,20 @@ class SimulatedDistributedSGD(SimulatedServerTask):
         else:
             available = self.n_workers - round(self.silent_fraction * self.n_workers)
             tau = self.time_model.expected_order_statistic(available, self.m)
-        return tau * (1 + self.problem.sigma2 / (self.m * self.epsilon))
+        return tau * (1 + s / self.m)
+
+    def rennala_bound(self) -> dict[str, float]:
+        """Under fixed times with every worker available, Rennala SGD's lower bound (per L Delta / epsilon,
+        ``modules.components.compute_time.rennala_lower_bound``): its term at this run's m
+        (``rennala_bound_at_m``), its minimum over m (``rennala_bound``) and the argmin (``rennala_bound_argmin``);
+        empty otherwise (the random-time bounds have other forms)."""
+        s = self._sigma2_over_eps()
+        if s is None or self.time_model.kind != "fixed" or self.silent_fraction > 0:
+            return {}
+        taus = list(self.time_model.taus or [])
+        value, argmin = rennala_lower_bound(taus, s)
+        return {"rennala_bound_at_m": rennala_time_shape(taus, self.m, s), "rennala_bound": value,
+                "rennala_bound_argmin": float(argmin)}
 
     # --- the steps -----------------------------------------------------------------------------------------
     @property
@@ -145,9 +168,10 @@ class SimulatedDistributedSGD(SimulatedServerTask):
         out = {"dropped_share": stats.dropped / max(stats.computed, 1)}
         if stats.updates:
             out["round_time_mean"] = self.server.clock / stats.updates
-        theory = self.theory_time()
-        if theory is not None and math.isfinite(theory):
-            out["theory_time"] = theory
+        shape = self.msync_time_shape()
+        if shape is not None and math.isfinite(shape):
+            out["msync_time_shape"] = shape
+        out.update(self.rennala_bound())
         return out
 
 

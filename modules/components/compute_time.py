@@ -12,6 +12,16 @@ one job each, as float64 seconds:
 For n i.i.d. (shifted) exponentials the m-th smallest has mean shift + (H_n - H_{n-m}) / rate with
 H_k = 1 + 1/2 + ... + 1/k (Renyi's representation): ``expected_order_statistic`` returns it, and by Monte
 Carlo for the other kinds.
+
+Two time complexities of fixed times tau_(1) <= ... <= tau_(n), both per L Delta / epsilon (s = sigma^2 / epsilon):
+
+- ``msync_time_shape``: m-Synchronous SGD's own, tau_(m) (1 + s / m): a round waits for the m-th fastest
+  worker, and the minibatch of m divides the variance;
+- ``rennala_time_shape`` / ``rennala_lower_bound``: Rennala SGD's optimal time (Tyurin & Richtarik 2023, the
+  lower bound of the fixed computation model) min over m of ((1/m) sum_{i<=m} 1/tau_(i))^(-1) (1 + s / m):
+  the m fastest workers compute at the sum of their rates, so the harmonic mean of their times, not the m-th
+  time, sets the pace. The two agree for equal times; for tau_i = sqrt(i), n = 32, s = 8 the first is
+  smallest at m = 8, the bound at m = 12.
 """
 
 from __future__ import annotations
@@ -30,6 +40,34 @@ TimeKind = Literal["fixed", "exponential", "shifted_exponential", "lognormal"]
 def harmonic(k: int) -> float:
     """H_k = sum_{j=1}^k 1/j (H_0 = 0)."""
     return float(sum(1.0 / j for j in range(1, k + 1)))
+
+
+def _check_m(taus: list[float], m: int) -> list[float]:
+    if not taus or any(not (t > 0 and math.isfinite(t)) for t in taus):
+        raise ConfigError(f"need one positive computation time per worker, got {taus}")
+    if not 1 <= m <= len(taus):
+        raise ConfigError(f"m must be in [1, n] = [1, {len(taus)}], got {m}")
+    return sorted(taus)
+
+
+def msync_time_shape(taus: list[float], m: int, sigma2_over_eps: float) -> float:
+    """m-Sync SGD's time per L Delta / epsilon under fixed times: tau_(m) (1 + sigma^2 / (m epsilon))."""
+    return _check_m(taus, m)[m - 1] * (1 + sigma2_over_eps / m)
+
+
+def rennala_time_shape(taus: list[float], m: int, sigma2_over_eps: float) -> float:
+    """The term of Rennala SGD's lower bound for m workers, per L Delta / epsilon:
+    ((1/m) sum_{i<=m} 1/tau_(i))^(-1) (1 + sigma^2 / (m epsilon)) = (m + sigma^2 / epsilon) / sum_{i<=m} 1/tau_(i)."""
+    fastest = _check_m(taus, m)[:m]
+    return (m + sigma2_over_eps) / sum(1.0 / t for t in fastest)
+
+
+def rennala_lower_bound(taus: list[float], sigma2_over_eps: float) -> tuple[float, int]:
+    """Rennala SGD's optimal time per L Delta / epsilon, min_m ``rennala_time_shape``, and its argmin m (ties to
+    the smallest m)."""
+    values = [rennala_time_shape(taus, m, sigma2_over_eps) for m in range(1, len(taus) + 1)]
+    best = min(range(len(values)), key=lambda k: values[k])
+    return values[best], best + 1
 
 
 class ComputeTimeModel:

@@ -18,9 +18,9 @@ from modules.inkheart_sgd.servers import check_kappa, worker_times
 @runtime_checkable
 class ProvidesWorkerGrads(Protocol):
     """Problems whose workers' exact gradients come in one call (``datamodules.dist_problems.QuadraticProblem``):
-    grad f_i(x_i) for every worker, ``(n, d) -> (n, d)``, and the additive gradient noise of a given shape."""
+    grad f_i(x_i) for the listed workers, one row of ``xs`` each, and the additive gradient noise of a given shape."""
 
-    def worker_grads(self, xs: Tensor) -> Tensor: ...
+    def worker_grads(self, xs: Tensor, workers: list[int] | None = None) -> Tensor: ...
 
     def noise(self, shape: tuple[int, ...], generator: torch.Generator) -> Tensor: ...
 
@@ -101,7 +101,7 @@ class CompressedDistributedSGD(SimulatedServerTask):
         """Stochastic gradients of ``workers`` at their rows of ``points`` (n, d)."""
         problem = self.problem
         if self.batched_grads:  # quadratics: every worker at once
-            exact = problem.worker_grads(points)[workers]
+            exact = problem.worker_grads(points[workers], workers)
             return exact + problem.noise(tuple(exact.shape), self.noise_gen)
         return torch.stack([problem.stochastic_grad(points[i], i, self.noise_gen) for i in workers])
 

@@ -222,6 +222,54 @@ def test_reconstructions_are_gradient_descent_on_a_separable_homogeneous_quadrat
         assert torch.allclose(x, ref[t + 1], atol=1e-10), (method, t)
 
 
+def test_marina_p_is_still_gradient_descent_on_the_rotated_homogeneous_quadratic() -> None:
+    """MARINA-P's g = mean_i A w_i - b = grad f(x) needs only mean_i w_i = x and a shared A, not a diagonal A:
+    the rotated quadratic (claim 4's control) leaves its iterates gradient descent's."""
+    problem = make_quadratic(4, dim=40, sigma=0.0, rotate=True, seed=3)
+    server = build_server("marina_p", 4, 40, generator=torch.Generator().manual_seed(0))
+    ref = gd_iterates(problem, 0.7, 30)
+    x = problem.x0()
+    for t in range(30):
+        x, _ = server.step(x, 0.7, exact(problem))
+        assert torch.allclose(x, ref[t + 1], rtol=0, atol=1e-10), t
+
+
+@pytest.mark.parametrize("method", ["m4_inferred", "inkheart_inferred"])
+@pytest.mark.parametrize("rotate", [False, True])
+def test_reconstructions_block_uplink_keeps_only_the_block_diagonal_of_the_hessian(method: str, rotate: bool) -> None:
+    """After a Perm-K round with blocks P_i, worker i's point moved by n P_i delta and its gradient by A n P_i delta;
+    the block uplink sends P_i of that change, so the server's estimate is grad f(x_0) + sum_i P_i A P_i delta
+    (the block-diagonal part of A, built here from the dense A = Q diag(lambda) Q^T), not grad f(x_1) =
+    grad f(x_0) + A delta. Equal for a diagonal A (nothing is lost), far apart for the rotated one: the
+    confound behind claim 4."""
+    n, d = 4, 24
+    problem = make_quadratic(n, dim=d, sigma=0.0, rotate=rotate, seed=2)
+    server = build_server(method, n, d, momentum=1.0, p=1e-9, generator=torch.Generator().manual_seed(1))
+    x0 = problem.x0()
+    x1, _ = server.step(x0, 0.5, exact(problem))  # round 1 sends z_i whole, then a Perm-K downlink
+    owner = server.last_owner
+    assert owner is not None
+    server.step(x1, 0.5, exact(problem))
+    dense = _hessian_dense(problem)
+    blocks = torch.zeros(d, d, dtype=torch.float64)
+    for i in range(n):
+        idx = (owner == i).nonzero().flatten()
+        blocks[idx[:, None], idx[None, :]] = dense[idx[:, None], idx[None, :]]
+    delta = x1 - x0
+    assert torch.allclose(server.g, problem.grad(x0) + blocks @ delta, atol=1e-10)
+    lost = float((server.g - problem.grad(x1)).norm() / (dense @ delta).norm())
+    if rotate:
+        assert lost > 0.1, lost  # only the slow eigen-directions (lambda != L) couple the blocks here
+    else:
+        assert lost < 1e-10, lost
+
+
+def _hessian_dense(problem) -> torch.Tensor:
+    if problem.basis is None:
+        return torch.diag(problem.abar)
+    return problem.basis @ torch.diag(problem.abar) @ problem.basis.T
+
+
 def test_m4_time_aware_m_is_the_brute_force_argmin() -> None:
     n, d, kappa = 6, 60, 0.05
     for s2e, h_power in ((0.0, 1.0), (4.0, 1.0), (50.0, 0.5), (3.0, 0.0)):
@@ -452,15 +500,15 @@ SEEDS = (10, 11, 12)
 
 
 def _time(method: str, n: int, lr: float, heterogeneity: float = 0.0, sigma: float = 0.0, kappa: float = 0.1,
-          uplink_cost: bool = False, seed: int = 10, max_steps: int = 2000, **kw) -> float:
+          uplink_cost: bool = False, seed: int = 10, max_steps: int = 2000, rotate: bool = False, **kw) -> float:
     """Simulated seconds to |grad f|^2 <= 0.01 on the sweeps' quadratic (d = 1000, h = 1); inf if never."""
-    problem = make_quadratic(n, dim=1000, sigma=sigma, heterogeneity=heterogeneity)
+    problem = make_quadratic(n, dim=1000, sigma=sigma, heterogeneity=heterogeneity, rotate=rotate)
     noise = torch.Generator().manual_seed(2 * seed)
     server = build_server(method, n, 1000, h=1.0, kappa=kappa, uplink_cost=uplink_cost,
                           sigma2_over_eps=problem.sigma2 / 0.01, generator=torch.Generator().manual_seed(2 * seed + 1), **kw)
 
     def grads(points, workers):
-        e = problem.worker_grads(points)[workers]
+        e = problem.worker_grads(points[workers], workers)
         return e + problem.noise(tuple(e.shape), noise)
 
     x = problem.x0()
@@ -537,6 +585,20 @@ def test_claim_4a_reconstructions_d_term_falls_with_n(method: str) -> None:
     assert t[1] / t[64] >= 4, t
     floors = min(_mean_time(m, 64, 1.0, **kw) for m in ("sync_sgd", "marina_p"))
     assert t[64] < floors, (t, floors)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["m4_inferred", "inkheart_inferred"])
+def test_claim_4a_on_the_rotated_quadratic_the_reconstructions_lose_the_gain_and_marina_p_does_not(method: str) -> None:
+    """The same d-term regime in a random orthonormal basis (same spectrum, still homogeneous): the block uplink
+    drops the off-block part of each gradient change, so the reconstructions' time no longer falls >= 4x from
+    n = 1 to 64 (n = 1 is unchanged: one worker sends everything), while MARINA-P's is unchanged."""
+    kw = dict(uplink_cost=True, sigma=0.1, max_steps=1000)
+    t = {n: _mean_time(method, n, 1.0, rotate=True, **kw) for n in (1, 64)}
+    assert t[1] == pytest.approx(_mean_time(method, 1, 1.0, **kw), rel=0.05), t
+    assert t[1] / t[64] < 4, t
+    marina = {r: _mean_time("marina_p", 64, 1.0, rotate=r, **kw) for r in (False, True)}
+    assert marina[True] == pytest.approx(marina[False], rel=0.05), marina
 
 
 @pytest.mark.slow

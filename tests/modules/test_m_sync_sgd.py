@@ -16,7 +16,13 @@ from lightning.pytorch.loggers import Logger
 from datamodules.dist_problems import DistProblemDataModule, make_quadratic
 from errors import ConfigError
 from main import cli_main
-from modules.components.compute_time import ComputeTimeModel, harmonic
+from modules.components.compute_time import (
+    ComputeTimeModel,
+    harmonic,
+    msync_time_shape,
+    rennala_lower_bound,
+    rennala_time_shape,
+)
 from modules.components.worker_sim import AsyncServer, MSyncServer, RennalaServer, async_sgd, rennala_sgd
 from modules.m_sync_sgd import SimulatedDistributedSGD, msync_sgd
 from tests.helpers import REPO, CleanDistributedExit, TwoRankRegression, runs_of
@@ -222,12 +228,12 @@ def test_module_steps_are_server_updates_equal_to_the_functional_form() -> None:
     assert model.sim_clock()["seconds"] == pytest.approx(float(ref["clock"][-1]), rel=1e-12)
 
 
-def test_theory_time_under_fixed_times_is_the_mth_smallest_tau_and_has_its_minimum_at_sigma2_over_epsilon() -> None:
-    """``train/theory_time`` of the sqrt-times claim (docs/papers/m_sync_sgd.md, claim 2): tau_(m) (1 + sigma^2 /
-    (m epsilon)) with tau_(m) the m-th smallest of the fixed times, here sqrt(m) for tau_i = sqrt(i) given in a
+def test_msync_time_shape_under_fixed_times_is_the_mth_smallest_tau_and_has_its_minimum_at_sigma2_over_epsilon() -> None:
+    """``train/msync_time_shape`` of the sqrt-times claim (docs/papers/m_sync_sgd.md, claim 2): tau_(m) (1 + sigma^2
+    / (m epsilon)) with tau_(m) the m-th smallest of the fixed times, here sqrt(m) for tau_i = sqrt(i) given in a
     shuffled order (so that the m-th smallest is neither the m-th listed nor the m-th largest). By hand it is
-    7.069, 5.999, 5.656, 5.999, 7.071 for m = 2, 4, 8, 16, 32 (the page's compare table), smallest at
-    m* = sigma^2 / epsilon = 8."""
+    7.069, 5.999, 5.656, 5.999, 7.071 for m = 2, 4, 8, 16, 32, smallest at m* = sigma^2 / epsilon = 8. The same
+    runs log Rennala SGD's bound: its term at m, its minimum 3.564 and argmin 12 (see the brute-force tests)."""
     sigma, eps, n = 0.2828, 0.01, 32
     taus = [math.sqrt(i) for i in range(1, n + 1)]
     shuffled = [taus[int(j)] for j in torch.randperm(n, generator=torch.Generator().manual_seed(0))]
@@ -237,11 +243,61 @@ def test_theory_time_under_fixed_times_is_the_mth_smallest_tau_and_has_its_minim
                                         time_model=ComputeTimeModel("fixed", taus=shuffled))
         trainer = _fit_module(model, DistProblemDataModule(dim=10, sigma=sigma, steps_per_epoch=1), 1)
         expected = math.sqrt(m) * (1 + sigma**2 / (m * eps))
-        assert model.theory_time() == pytest.approx(expected, rel=1e-12), m
-        logged[m] = float(trainer.callback_metrics["train/theory_time"])  # logged in float32
+        assert model.msync_time_shape() == pytest.approx(expected, rel=1e-12), m
+        logged[m] = float(trainer.callback_metrics["train/msync_time_shape"])  # logged in float32
         assert logged[m] == pytest.approx(expected, rel=1e-6), m
+        bound = {k: float(trainer.callback_metrics[f"train/{k}"]) for k in ("rennala_bound_at_m", "rennala_bound",
+                                                                             "rennala_bound_argmin")}
+        harmonic_mean = m / sum(1 / math.sqrt(i) for i in range(1, m + 1))
+        assert bound["rennala_bound_at_m"] == pytest.approx(harmonic_mean * (1 + sigma**2 / (m * eps)), rel=1e-6), m
+        assert bound["rennala_bound"] == pytest.approx(3.564, abs=1e-3) and bound["rennala_bound_argmin"] == 12
     assert [round(logged[m], 3) for m in (2, 4, 8, 16, 32)] == [7.069, 5.999, 5.656, 5.999, 7.071]
     assert min(logged, key=logged.get) == 8
+
+
+def test_rennala_bound_for_sqrt_times_is_smallest_at_m_12_by_hand() -> None:
+    """tau_i = sqrt(i), n = 32, sigma^2 / epsilon = 8: (m + 8) / sum_{i<=m} i^(-1/2) by a plain loop is 3.5849,
+    3.5697, 3.5643, 3.5663 for m = 10..13 (smallest at 12; 3.6601 at m = 8, 3.6014 at 16), while m-Sync's own
+    shape sqrt(m) (1 + 8 / m) is smallest at m = 8 (5.6569; 5.7735 at 12)."""
+    n, s = 32, 8.0
+    taus = [math.sqrt(i) for i in range(n, 0, -1)]  # listed slowest first: the functions must sort
+    by_hand = {10: 3.5849, 11: 3.5697, 12: 3.5643, 13: 3.5663, 8: 3.6601, 16: 3.6014}
+    for m, v in by_hand.items():
+        assert rennala_time_shape(taus, m, s) == pytest.approx(v, abs=1e-4), m
+    assert rennala_lower_bound(taus, s) == (pytest.approx(3.5643, abs=1e-4), 12)
+    assert msync_time_shape(taus, 8, s) == pytest.approx(5.6569, abs=1e-4)
+    assert msync_time_shape(taus, 12, s) == pytest.approx(5.7735, abs=1e-4)
+    assert min(range(1, n + 1), key=lambda m: msync_time_shape(taus, m, s)) == 8
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rennala_bound_is_the_best_subset_and_sandwiches_the_batch_collection_time(seed: int) -> None:
+    """Two independent references for random fixed times (n = 8):
+    - brute force over all 255 subsets S of workers: min_S (|S| + s) / sum_{i in S} 1/tau_i is the bound (the m
+      fastest are the best subset of size m);
+    - an event loop: the time T(s) for the n workers, each computing back to back, to finish s gradients in all
+      (one Rennala batch of s = sigma^2 / epsilon) satisfies T(s) <= bound <= 2 T(s): the harmonic-mean form is
+      the batch time up to a factor 2, which m-Sync's tau_(m) form is not (checked on tau_i = sqrt(i))."""
+    from itertools import combinations
+
+    gen = torch.Generator().manual_seed(seed)
+    n = 8
+    taus = (0.2 + 5 * torch.rand(n, generator=gen, dtype=torch.float64) ** 2).tolist()
+    for s in (0.0, 3.0, 8.0, 40.0):
+        value, argmin = rennala_lower_bound(taus, s)
+        subsets = [c for k in range(1, n + 1) for c in combinations(range(n), k)]
+        brute = min(subsets, key=lambda c: (len(c) + s) / sum(1 / taus[i] for i in c))
+        assert value == pytest.approx((len(brute) + s) / sum(1 / taus[i] for i in brute), rel=1e-12), s
+        assert argmin == len(brute) and sorted(taus[i] for i in brute) == sorted(taus)[:argmin], s
+        if s >= 1:
+            finish = sorted(t * k for t in taus for k in range(1, int(s) + 2))  # every worker's finishing times
+            collect = finish[int(s) - 1]  # the s-th gradient to finish
+            assert collect <= value <= 2 * collect, (s, collect, value)
+    sq = [math.sqrt(i) for i in range(1, 33)]
+    finish = sorted(t * k for t in sq for k in range(1, 10))
+    collect = finish[7]  # s = 8
+    assert collect <= rennala_lower_bound(sq, 8.0)[0] <= 2 * collect
+    assert min(msync_time_shape(sq, m, 8.0) for m in range(1, 33)) > 2 * collect
 
 
 def test_seed_none_is_the_run_seed_the_cli_sets_after_construction() -> None:
@@ -457,10 +513,12 @@ def test_claim_synchronous_sgd_is_2x_slower_than_the_best_m_under_lognormal_time
 
 
 @pytest.mark.slow
-def test_claim_the_best_m_under_sqrt_times_is_within_2x_of_sigma2_over_epsilon() -> None:
+def test_claim_the_best_m_under_sqrt_times_lies_on_the_flat_part_between_both_optima() -> None:
+    """What the runs can resolve: the best m lies in [4, 16], around m-Sync's own optimum (8) and Rennala's bound's
+    (12). The spec's +-30 % window around 12 is not asserted: the page finds it inconclusive (m = 6..14 within noise)."""
     times = {m: _msync_best(m, SQRT) for m in (2, 4, 8, 16, 32)}
     m_best = min(times, key=times.get)
-    assert 4 <= m_best <= 16, times  # m* = sigma^2 / epsilon = 8
+    assert 4 <= m_best <= 16, times
 
 
 @pytest.mark.slow
