@@ -45,6 +45,7 @@ from tracking.run_registry import (
     PROCESS_TAG,
     RunRegistry,
     archive_previous,
+    check_checkpoint_folder,
     close_orphaned_runs,
     folder_name,
     instance_name,
@@ -347,6 +348,8 @@ class PaperlabCLI(LightningCLI):
             self._fresh_run_name(logged)
         elif subcommand == "fit":  # a resume continues in its own folder: a non-empty one is expected
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        if subcommand in ("fit", "predict") and rank_zero_only.rank == 0:
+            check_checkpoint_folder(self.ckpt_dir)  # before the run exists: no empty FAILED run for a bad folder
         if logged:
             kwargs["logger"] = self._make_logger()
         user = list(trainer_config.get("callbacks") or [])

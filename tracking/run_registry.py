@@ -272,6 +272,28 @@ def resolve_checkpoint(ckpt_path: str | None, directory: Path, never_checkpointe
     return ckpt_path
 
 
+class CheckpointFolderUnwritable(PaperlabError, OSError):
+    """The run's checkpoint folder cannot be created or written."""
+
+
+def check_checkpoint_folder(directory: Path) -> None:
+    """Create ``directory`` and write and remove a probe file in it, before the run exists: a read-only folder or
+    a file in the way is one line here, instead of a traceback at the first checkpoint and an empty FAILED run."""
+    directory = Path(directory)
+    probe = directory / f".paperlab-probe-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        blocker = next((p for p in [directory, *directory.parents] if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file, not a folder" if blocker else (err.strerror or str(err)).lower()
+        raise CheckpointFolderUnwritable(
+            f"cannot write checkpoints into {directory}/ ({why}): choose a writable folder with "
+            "--run.checkpoint_root DIR"
+        ) from err
+
+
 def archive_previous(directory: Path) -> Path | None:
     """Move everything an earlier run wrote (checkpoints, its run file, predictions) out of the way before a
     fresh fit writes into ``directory``: a fit that names its run exactly (``--run.name``, as sweeps do) and
