@@ -142,7 +142,7 @@ def prepare_store(uri: str, experiment: str | None = None, writable: bool = Fals
         lock = FileLock(str(path) + ".lock", timeout=STORE_LOCK_WAIT_S)
     try:
         with lock if lock is not None else contextlib.nullcontext():
-            retry_locked(_prepare, uri, experiment, wait_s=STORE_LOCK_WAIT_S)
+            retry_locked(_prepare, uri, experiment)
     except TimeoutError as err:  # filelock's Timeout: another paperlab process is preparing the store
         raise StoreUnavailable(f"the MLflow store {uri} is being prepared by another process for more than "
                                f"{STORE_LOCK_WAIT_S:.0f} s ({path}.lock): run the command again") from err
@@ -168,10 +168,11 @@ def _prepare(uri: str, experiment: str | None) -> None:
         client.set_experiment_tag(found.experiment_id, *EXPERIMENT_KIND)
 
 
-def retry_locked(fn: Any, *args: Any, wait_s: float = STORE_LOCK_WAIT_S, **kwargs: Any) -> Any:
+def retry_locked(fn: Any, *args: Any, wait_s: float | None = None, **kwargs: Any) -> Any:
     """Call ``fn``; when sqlite answers "database is locked" (another writer holds it), wait and try again
     (0.1 s doubling to 2 s between tries) instead of losing the write, for up to ``wait_s`` seconds in all
     (each try itself waits up to MLflow's busy timeout, 20 s); then ``StoreUnavailable``, one line."""
+    wait_s = STORE_LOCK_WAIT_S if wait_s is None else wait_s
     deadline = time.monotonic() + wait_s
     delay = 0.1
     while True:
