@@ -606,10 +606,10 @@ class SweepRunner:
     def _run_point(self, point: Point, previous: list[Any]) -> Outcome:
         plan = self.plan
         state, run = point_state(previous, plan.spec.test)
-        if state == "done":
-            return Outcome(point, "SKIPPED", run_id=run.info.run_id)
         if run is not None and DONE_TAG not in run.data.tags:  # a finished fit the killed sweep did not tag
             self.client.set_tag(run.info.run_id, DONE_TAG, "fit")
+        if state == "done":
+            return Outcome(point, "SKIPPED", run_id=run.info.run_id)
         # Runs of this point still marked RUNNING belong to a sweep that was killed: it is being redone now,
         # from the newest checkpoint of its own run when it has one.
         resume = resumable_run(previous, plan.ckpt_dir(point)) if state == "todo" else None

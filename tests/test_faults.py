@@ -401,3 +401,80 @@ def test_kill_9_at_seeded_random_moments_loses_no_saved_epoch_and_leaves_nothing
     (run,) = [r for r in runs_of("mlp_classifier") if r.info.status == "FINISHED"]
     steps = [m.step for m in client().get_metric_history(run.info.run_id, "val/acc")]
     assert sorted(steps) == [19 * e - 1 for e in range(1, 7)], steps
+
+
+# --- sweeps ------------------------------------------------------------------------------------------------
+
+
+def _point_runs(name: str) -> list:
+    return [r for r in runs_of("mlp_classifier") if r.info.run_name == name]
+
+
+def test_a_rerun_adopts_an_untagged_finished_point_resumes_a_killed_one_and_compare_collapses_reruns(
+    paperlab_tmp: Path, capsys
+) -> None:
+    from mlflow.entities import Metric
+
+    from sweeps.compare import compare
+    from tests.sweeps.common import write_sweep
+
+    sweep = write_sweep(paperlab_tmp, grid={"model.net.activation": ["relu", "tanh"]}, seeds=[0],
+                        overrides={"trainer.max_epochs": 2})
+    assert cli_main(["sweep", "--config", str(sweep), "--in-process"]) == 0
+    adopted, resumed = "tiny-activation=relu-s0", "tiny-activation=tanh-s0"
+    (a,) = _point_runs(adopted)
+    (b,) = _point_runs(resumed)
+    # the runner killed after the fit ended and before it tagged the point; and a point killed mid-fit (its run
+    # left RUNNING, its last.ckpt from before the kill)
+    client().delete_tag(a.info.run_id, "sweep.done")
+    client().update_run(b.info.run_id, status="RUNNING")
+    client().delete_tag(b.info.run_id, "sweep.done")
+    ckpt = paperlab_tmp / "checkpoints/mlp_classifier" / adopted / "last.ckpt"
+    stamp = ckpt.stat().st_mtime_ns
+    capsys.readouterr()
+
+    assert cli_main(["sweep", "--config", str(sweep), "--in-process"]) == 0
+    assert [r.info.run_id for r in _point_runs(adopted)] == [a.info.run_id]  # not trained a second time
+    assert ckpt.stat().st_mtime_ns == stamp
+    assert _point_runs(adopted)[0].data.tags["sweep.done"] == "fit"
+    (again,) = _point_runs(resumed)  # resumed into its own run, not a new one
+    assert again.info.run_id == b.info.run_id and again.info.status == "FINISHED"
+    log = (paperlab_tmp / "checkpoints/mlp_classifier/_sweeps/tiny" / f"{resumed}.log").read_text()
+    assert "--ckpt_path last" in log
+
+    # a second FINISHED run of one point (an older sweep's rerun): compare without --sweep counts the point once
+    exp = client().get_experiment_by_name("mlp_classifier").experiment_id
+    dup = client().create_run(exp, run_name=adopted, tags=dict(a.data.tags)).info.run_id
+    client().log_batch(dup, metrics=[Metric("val/loss", 9.0, 0, 0)])
+    client().set_terminated(dup, "FINISHED")
+    for sweep_name in ("tiny", None):
+        result = compare(client(), "mlp_classifier", "val/loss", sweep=sweep_name)
+        assert sum(g.n for g in result.groups) == 2
+        assert result.excluded.get("an older run of the same sweep point") == 1
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_at_seeded_random_moments_ends_with_one_finished_run_per_point(paperlab_tmp: Path) -> None:
+    from tests.sweeps.common import write_sweep
+
+    sweep = write_sweep(paperlab_tmp, grid={"model.net.activation": ["relu", "tanh", "gelu"]}, seeds=[0],
+                        overrides={"trainer.max_epochs": 4, "trainer.limit_train_batches": 20,
+                                   "data.init_args.train_size": 1000})
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "1"}
+    rng = random.Random(3)
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, str(REPO / "main.py"), "sweep", "--config", str(sweep),
+                                 "--workers", "2"], cwd=paperlab_tmp, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(timeout=rng.uniform(8, 25))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the runner and its workers, as a crash would
+            proc.wait()
+    assert cli_main(["sweep", "--config", str(sweep), "--workers", "2"]) == 0
+    per_point: dict[str, list[str]] = {}
+    for run in runs_of("mlp_classifier"):
+        if run.data.tags.get("sweep.role") != "parent":
+            per_point.setdefault(run.info.run_name, []).append(run.info.status)
+    assert len(per_point) == 3 and all(s.count("FINISHED") == 1 and "RUNNING" not in s for s in per_point.values()), \
+        per_point
