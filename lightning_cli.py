@@ -400,7 +400,10 @@ class PaperlabCLI(LightningCLI):
         if (folder / "last.ckpt").is_file():
             return None
         runs = [r for r in self._orphans_closed(self.base_name) if r.info.run_name == self.run_name]
-        return f"'{runs[0].info.run_name}' ({runs[0].info.run_id})" if runs else None
+        # newest first; a FINISHED run without files had them moved or deleted: the usual message then
+        if not runs or runs[0].info.status == "FINISHED":
+            return None
+        return f"'{runs[0].info.run_name}' ({runs[0].info.run_id})"
 
     def _diagnostics(self, user: list[Callback]) -> list[Callback]:
         """The ``--diagnostics`` preset, minus the classes the experiment already configures itself."""

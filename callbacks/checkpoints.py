@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import time
 from pathlib import Path
@@ -75,8 +76,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
+            # serialised in memory first: torch.save's own file writer reports a full disk as a RuntimeError
+            # ("unexpected pos"), a plain write raises the OSError (ENOSPC) that says what happened
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)
             with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
+                f.write(buffer.getbuffer())
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)
