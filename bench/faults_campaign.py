@@ -142,14 +142,17 @@ class Campaign:
             trained = [int(ln.split()[1]) for ln in probe.read_text().splitlines() if ln.startswith("end")] \
                 if probe.is_file() else []
             done_at_kill = max(trained) + 1 if trained else 0
+            said = ""
             if ckpt.is_file():
                 res = self.main(["fit", *FIT, "--config", cfg, "--run.name", name, "--ckpt_path", "last"])
             else:
                 before_ckpt += 1
+                had_run = bool(self.runs(name))  # a kill during start-up may come before the run exists
                 res = self.main(["fit", *FIT, "--config", cfg, "--run.name", name, "--ckpt_path", "last"])
                 lines += len(self.error_lines(res.stderr))
-                ok_message = res.returncode == 1 and "never wrote a checkpoint" in res.stderr
-                failures += not ok_message
+                said = (self.error_lines(res.stderr) or [""])[0]
+                expected = "never wrote a checkpoint" if had_run else "no checkpoint in"
+                failures += not (res.returncode == 1 and expected in res.stderr)
                 res = self.main(["fit", *FIT, "--config", cfg, "--run.name", name])
             starts = [int(ln.split()[1]) for ln in probe.read_text().splitlines() if ln.startswith("start")]
             lost.append(max(0, done_at_kill - starts[-1]))
@@ -161,7 +164,8 @@ class Campaign:
                 a[0] == b[0] and abs(a[1] - b[1]) <= 1e-6 for a, b in zip(h, reference, strict=True))
             failures += res.returncode != 0 or not same or "RUNNING" in statuses
             print(f"  kill {i}: at {delay:.1f} s, {done_at_kill} epoch(s) done, resumed from epoch {starts[-1]}, "
-                  f"statuses {statuses}, history equal: {same}", flush=True)
+                  f"statuses {statuses}, history equal: {same}" + (f"; the resume said: {said}" if said else ""),
+                  flush=True)
         self.report("kill -9 at a random moment, then resume", trials=kills, failures=failures,
                     killed_before_first_checkpoint=before_ckpt, epochs_lost=sum(lost), epochs_lost_max=max(lost),
                     duplicate_finished=dup, left_running=running, error_lines=lines)
@@ -386,7 +390,8 @@ def main() -> None:
     # a fresh store's schema migration logs INFO lines on the first command: not a fault's output
     subprocess.run([sys.executable, "-c", f"import mlflow; mlflow.MlflowClient({campaign.uri!r}).search_experiments()"],
                    check=True, capture_output=True)
-    print(f"fault campaign in {workdir} (git {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=REPO, capture_output=True, text=True).stdout.strip()})", flush=True)
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    print(f"fault campaign in {workdir} (git {sha or 'snapshot'})", flush=True)
     t0 = time.monotonic()
     for name in args.only:
         if name == "kill":
