@@ -256,18 +256,18 @@ def resolve_checkpoint(ckpt_path: str | None, directory: Path, never_checkpointe
                     f"(it ended before its first epoch did): start it again without --ckpt_path"
                 )
             if ckpt_path == "best" and (directory / LAST).is_file():
-                raise CheckpointNotFound(f"--ckpt_path best: {directory}/ holds no best-epoch*.ckpt (only last.ckpt: "
-                                         f"--ckpt_path last)")
+                raise CheckpointNotFound(f"no best-epoch*.ckpt in {directory}/ (--ckpt_path best); it holds last.ckpt: "
+                                         "--ckpt_path last")
             runs = sorted(p.parent.name for p in directory.parent.glob("*/last.ckpt"))
             known = f"; runs with checkpoints: {', '.join(runs[:8])}" if runs else ""
             raise CheckpointNotFound(
-                f"--ckpt_path {ckpt_path}: no checkpoint in {directory}/. The run name is the config's stem plus the "
+                f"no checkpoint in {directory}/ (--ckpt_path {ckpt_path}). The run name is the config's stem plus the "
                 "command-line overrides: pass the same overrides as the fit, or --run.name NAME" + known
             )
         check_checkpoint(found, ckpt_path)
         return str(found)
     if not Path(ckpt_path).is_file():
-        raise CheckpointNotFound(f"--ckpt_path {ckpt_path}: no such checkpoint file")
+        raise CheckpointNotFound(f"no such checkpoint file: --ckpt_path {ckpt_path}")
     check_checkpoint(Path(ckpt_path), ckpt_path)
     return ckpt_path
 
