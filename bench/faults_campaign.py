@@ -29,6 +29,7 @@ Scenarios (``--only`` picks some):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -309,7 +310,8 @@ class Campaign:
             env = {**self.env, "MLFLOW_TRACKING_URI": f"sqlite:///{db}"}
             try:
                 res = self.main(["fit", *FIT, "--run.checkpoint_root", str(ckpts)], cwd=folder, env=env)
-                n_runs = sqlite3.connect(f"file:{db}?mode=ro", uri=True).execute("select count(*) from runs").fetchone()[0]
+                with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:  # closed: unmountable
+                    n_runs = con.execute("select count(*) from runs").fetchone()[0]
             finally:
                 if mounted:
                     subprocess.run(["umount", str(ro)])

@@ -9,6 +9,7 @@ traceback. The slow ones (subprocesses, kill -9 at seeded random moments, a lock
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
@@ -181,15 +182,15 @@ def test_kill_9_before_the_first_checkpoint_then_the_next_command_closes_the_run
     killer = paperlab_tmp / "killer.yaml"
     killer.write_text(yaml.safe_dump({"trainer": {"callbacks": [
         {"class_path": "tests.helpers.SignalAtStep", "init_args": {"step": 2, "signum": int(SIGKILL)}}]}}))
-    args = ["--config", DIGITS, "--trainer.max_epochs", "2", "--trainer.num_sanity_val_steps", "0"]
+    args = ["--config", DIGITS, "--trainer.max_epochs", "2", "--trainer.num_sanity_val_steps", "0", "--run.name", "early"]
     proc = run_main(["fit", *args, "--config", str(killer)], cwd=paperlab_tmp)
     assert proc.returncode == -int(SIGKILL), proc.stderr[-2000:]
-    assert _statuses() == {"digits max_epochs=2": ["RUNNING"]}
+    assert _statuses() == {"early": ["RUNNING"]}
 
     proc = run_main(["fit", *args, "--ckpt_path", "last"], cwd=paperlab_tmp)
     assert proc.returncode == 1
     _assert_one_error_line(proc.stderr, "never wrote a checkpoint")
-    assert _statuses() == {"digits max_epochs=2": ["KILLED"]}
+    assert _statuses() == {"early": ["KILLED"]}
 
 
 # --- divergence -------------------------------------------------------------------------------------------
@@ -336,7 +337,8 @@ def test_a_read_only_store_or_checkpoint_folder_is_one_line_before_any_run_exist
     try:
         proc = run_main(["fit", "--config", DIGITS, *TINY, "--run.checkpoint_root", str(ckpts)], cwd=paperlab_tmp,
                         env={"MLFLOW_TRACKING_URI": f"sqlite:///{db}"})
-        runs = sqlite3.connect(f"file:{db}?mode=ro", uri=True).execute("select count(*) from runs").fetchone()[0]
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:  # closed: unmountable
+            runs = con.execute("select count(*) from runs").fetchone()[0]
     finally:
         if mounted:
             subprocess.run(["umount", str(ro)], check=True)
