@@ -110,10 +110,7 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
         ``teardown`` is ``AsyncCheckpointIO``'s public join: it stops the writer thread after the queued
         writes, and the next save starts a new one (about 0.1 ms).
         """
-        try:
-            self.teardown()
-        finally:
-            self._error = None  # raised once, here: not again at the next wait or at teardown
+        self.teardown()
 
 
 def background_io_applies(trainer: L.Trainer, dirpath: str) -> bool:
