@@ -42,16 +42,20 @@ from modules.base import PaperTask
 from tracking.config_artifact import ConfigArtifact, method_name
 from tracking.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, default_tracking_uri
 from tracking.run_registry import (
+    PROCESS_TAG,
     RunRegistry,
     archive_previous,
+    check_checkpoint_folder,
+    close_orphaned_runs,
     folder_name,
     instance_name,
     latest_instance,
-    mlflow_run_names,
+    mlflow_runs_named,
     next_instance,
     resolve_checkpoint,
     run_id_for_checkpoint,
     taken_instances,
+    this_process,
 )
 from tracking.runs_view import override_params, runs_url, save_view, ui_base_url, view_state
 from tracking.system_metrics import SystemMetrics
@@ -307,10 +311,13 @@ class PaperlabCLI(LightningCLI):
         self.resolved_ckpt_path = None
         if self.subcommand:
             ckpt_path = self._value(self.config, "ckpt_path")
-            if ckpt_path in ("last", "best") and not self.named:
-                # the newest run of this name: "the same command plus --ckpt_path last" resumes the latest fit
-                self.run_name = instance_name(self.run_name, latest_instance(self.run_name, self.experiment_dir))
-            self.resolved_ckpt_path = resolve_checkpoint(ckpt_path, self._folder(self.run_name))
+            never = None
+            if ckpt_path in ("last", "best"):
+                if not self.named:
+                    # the newest run of this name: "the same command plus --ckpt_path last" resumes the latest fit
+                    self.run_name = instance_name(self.run_name, latest_instance(self.run_name, self.experiment_dir))
+                never = self._never_checkpointed()
+            self.resolved_ckpt_path = resolve_checkpoint(ckpt_path, self._folder(self.run_name), never)
             self.config[f"{self.subcommand}.ckpt_path"] = self.resolved_ckpt_path
         self.ckpt_dir = self._folder(self.run_name)
 
@@ -341,6 +348,8 @@ class PaperlabCLI(LightningCLI):
             self._fresh_run_name(logged)
         elif subcommand == "fit":  # a resume continues in its own folder: a non-empty one is expected
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        if subcommand in ("fit", "predict") and rank_zero_only.rank == 0:
+            check_checkpoint_folder(self.ckpt_dir)  # before the run exists: no empty FAILED run for a bad folder
         if logged:
             kwargs["logger"] = self._make_logger()
         user = list(trainer_config.get("callbacks") or [])
@@ -352,13 +361,14 @@ class PaperlabCLI(LightningCLI):
         folder), so the earlier files move to ``<folder>.archive/<run id>/``; a name the CLI derived becomes
         the next instance, ``yinyang #2``, and the earlier runs' files stay where they are. Rank 0 only:
         other DDP ranks write no files and log nothing (checkpoint paths come from rank 0)."""
+        runs = self._orphans_closed(self.run_name) if logged else []
         if self.named:
             moved = archive_previous(self.ckpt_dir)
             if moved is not None:
                 self.earlier = f"the earlier run's files under this name were moved to {moved}/"
             return
         base = self.run_name
-        names = mlflow_run_names(default_tracking_uri(), self.experiment, base) if logged else []
+        names = [r.info.run_name for r in runs]
         n = next_instance(base, self.experiment_dir, names)
         if n == 1:
             return
@@ -370,6 +380,30 @@ class PaperlabCLI(LightningCLI):
             self.earlier = f"earlier run '{instance_name(base, k)}': its files stay in {local[k]}/"
         else:
             self.earlier = f"earlier run '{instance_name(base, max(taken))}' is in MLflow (no files here)"
+
+    def _orphans_closed(self, base: str) -> list[Any]:
+        """The MLflow runs of ``base`` and its instances, after marking KILLED those left RUNNING by a process
+        that has ended (kill -9 before the first checkpoint: ``close_orphaned_runs``); says which."""
+        runs = mlflow_runs_named(default_tracking_uri(), self.experiment, base)
+        for run in close_orphaned_runs(default_tracking_uri(), runs):
+            print(f"note: run '{run.info.run_name}' ({run.info.run_id}) was left RUNNING by a process that no longer "
+                  "exists: marked KILLED", file=sys.stderr, flush=True)
+        return runs
+
+    def _never_checkpointed(self) -> str | None:
+        """For ``--ckpt_path last|best`` without a checkpoint: the run of this name that was started but wrote
+        none (its folder has no ``last.ckpt``), as ``'name' (run id)``; None when the name has no run."""
+        if self._value(self.config, "trainer.logger") not in (None, True) or rank_zero_only.rank != 0:
+            return None
+        check_tracking_server(default_tracking_uri())
+        folder = self._folder(self.run_name)
+        if (folder / "last.ckpt").is_file():
+            return None
+        runs = [r for r in self._orphans_closed(self.base_name) if r.info.run_name == self.run_name]
+        # newest first; a FINISHED run without files had them moved or deleted: the usual message then
+        if not runs or runs[0].info.status == "FINISHED":
+            return None
+        return f"'{runs[0].info.run_name}' ({runs[0].info.run_id})"
 
     def _diagnostics(self, user: list[Callback]) -> list[Callback]:
         """The ``--diagnostics`` preset, minus the classes the experiment already configures itself."""
@@ -396,6 +430,8 @@ class PaperlabCLI(LightningCLI):
             tags["overrides"] = " ".join(f"--{k} {v}" for k, v in self.overrides)
             tags["mlflow.note.content"] = "python main.py " + shlex.join(self.argv)
         presets = trainer_presets(self.argv)
+        if subcommand == "fit":
+            tags[PROCESS_TAG] = this_process()  # a kill -9 leaves the run RUNNING: the next command checks this
         if presets and subcommand == "fit":
             tags["trainer_preset"] = " ".join(presets)  # hardware: a tag (and the params), never the name
         ckpt = self.resolved_ckpt_path

@@ -30,6 +30,9 @@ fit on one process or DDP when the strategy writes with Lightning's default ``To
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import os
 import time
 from pathlib import Path
@@ -43,34 +46,54 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO, CheckpointIO
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
 from callbacks.profiler import use_noop_profiler
-from errors import ConfigError
+from errors import ConfigError, PaperlabError
 from tracking.mlflow_logger import PaperlabMLFlowLogger
 
 LAST = "last.ckpt"
 UNFLUSHED = "paperlab_unflushed_metrics"  # checkpoint key: the MLflow metrics not yet in the store at the save
 
 
+class CheckpointWriteError(PaperlabError):
+    """A checkpoint could not be written (a full disk, a folder that became read-only): the previous file of
+    that name is intact, and the message says which and what to do."""
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``torch.save`` into a temporary file beside the target, then ``os.replace`` over it.
+    """``torch.save`` into a temporary file beside the target, flushed and fsynced, then ``os.replace`` over it.
 
     Lightning's own ``_atomic_save`` writes the temporary file into the system's temp folder and moves it:
     across file systems that move is a copy into the target, which a kill -9 can leave half-written. Here the
-    rename stays within the folder, so it is atomic. No fsync: a kill -9 does not lose the page cache, and
-    a power cut was not covered before either.
+    rename stays within the folder, so it is atomic; the fsync before it means the rename never points at
+    data still only in the page cache (a power cut or a full disk found at write-back). A failed write
+    (``ENOSPC``, ``EACCES``, an unpicklable object) removes its temporary file and leaves the previous
+    checkpoint as it was; an ``OSError`` becomes one line (``CheckpointWriteError``).
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # serialised in memory first: torch.save's own file writer reports a full disk as a RuntimeError
+            # ("unexpected pos"), a plain write raises the OSError (ENOSPC) that says what happened
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)
             with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
+                f.write(buffer.getbuffer())
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
+        except BaseException as err:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            if isinstance(err, OSError) and not isinstance(err, PaperlabError):
+                kept = f"; the previous {target.name} is intact" if target.is_file() else ""
+                fix = ("free some space or write checkpoints elsewhere (--run.checkpoint_root DIR)"
+                       if err.errno == errno.ENOSPC else "choose a writable folder with --run.checkpoint_root DIR")
+                reason = os.strerror(err.errno) if err.errno else str(err)
+                raise CheckpointWriteError(f"could not write the checkpoint {target} ({reason}){kept}: {fix}") from err
             raise
 
 
@@ -172,17 +195,21 @@ class LastCheckpoint(Checkpoint):
         # Hook dispatch (callbacks/profiler.py): installed here because this callback is in every default
         # trainer; lightning_cli's trainer defaults are the natural home once they can name it.
         use_noop_profiler(trainer)
-        if stage == "fit" and self.background and self._io is None and background_io_applies(trainer, self.dirpath):
+        if stage == "fit" and self._replaced_io is None and background_io_applies(trainer, self.dirpath):
+            # without the thread the same atomic writer: Lightning's own goes through the system's temp folder
             self._replaced_io = trainer.strategy.checkpoint_io
-            self._io = BackgroundCheckpointIO()
-            trainer.strategy.checkpoint_io = self._io  # Strategy's public setter; undone in teardown
+            self._io = BackgroundCheckpointIO() if self.background else None
+            trainer.strategy.checkpoint_io = self._io or AtomicCheckpointIO()  # public setter; undone in teardown
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # a save after fit (trainer.save_checkpoint in a script) is written before it returns, as it was
-        if self._io is not None and stage == "fit":
-            self._io.wait()
-            trainer.strategy.checkpoint_io = self._replaced_io
-            self._io = self._replaced_io = None
+        if self._replaced_io is not None and stage == "fit":
+            try:
+                if self._io is not None:
+                    self._io.wait()
+            finally:
+                trainer.strategy.checkpoint_io = self._replaced_io
+                self._io = self._replaced_io = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._started_at = time.monotonic()

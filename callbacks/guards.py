@@ -1,7 +1,8 @@
-"""Stop cleanly on a NaN/inf loss and mark Ctrl-C as KILLED with a checkpoint written."""
+"""Stop cleanly on a NaN/inf or diverged loss and mark Ctrl-C as KILLED with a checkpoint written."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -9,24 +10,46 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from callbacks.checkpoints import LastCheckpoint
 from errors import ConfigError, NonFiniteLossError
 
-__all__ = ["FiniteLossGuard", "InterruptCheckpoint", "NonFiniteLossError"]
+__all__ = ["DivergedLossError", "FiniteLossGuard", "InterruptCheckpoint", "NonFiniteLossError"]
+
+
+class DivergedLossError(NonFiniteLossError):
+    """Training produced a finite loss past the guard's bound (a learning rate far too high)."""
 
 
 class FiniteLossGuard(Callback):
-    """Stop training at a NaN/inf loss, naming the step where it first appeared.
+    """Stop training at a NaN/inf loss or a diverged one, naming the step where it first appeared.
 
     The step losses are kept (detached, on their device) and checked together every
-    ``check_every_n_steps`` steps and before every validation and epoch end, so the guard adds no per-step
-    host sync on a GPU and no checkpoint is ever written from non-finite weights. The exception marks the
-    MLflow run FAILED; the last checkpoint written before the bad step stays the newest one.
+    ``check_every_n_steps`` steps and before every validation and epoch end: one host sync per check, none
+    per step (a GPU keeps running ahead), and no checkpoint is ever written from weights past a bad step.
+    Lightning's ``EarlyStopping(check_finite=True, divergence_threshold=...)`` checks a logged metric at
+    validation only (epochs late for a step-level blow-up), needs a threshold per task, and stops the fit as
+    a success: the run would end FINISHED at chance level. Here the exception marks the MLflow run FAILED.
+
+    Args:
+        check_every_n_steps: steps between checks (each check is one host sync).
+        divergence_factor: a finite loss whose magnitude exceeds this multiple of the first checked loss's
+            (at least 1.0, so a loss that starts near zero is not held to a bound near zero) counts as
+            diverged; None: only NaN/inf stop. 1e4: a loss ten thousand times its start (and at least 1e4) is
+            not training any more (``--model.optimizer.lr 1e6`` on yinyang reaches 8.5e18), and a bound that
+            loose leaves room for losses that rise before they fall.
+        max_loss: an absolute bound on the loss's magnitude instead of the relative one.
     """
 
-    def __init__(self, check_every_n_steps: int = 10) -> None:
+    def __init__(self, check_every_n_steps: int = 10, divergence_factor: float | None = 1e4,
+                 max_loss: float | None = None) -> None:
         if check_every_n_steps <= 0:
             raise ConfigError(f"check_every_n_steps must be positive, got {check_every_n_steps}")
+        if divergence_factor is not None and divergence_factor <= 1 or max_loss is not None and max_loss <= 0:
+            raise ConfigError(f"divergence_factor must be > 1 and max_loss > 0, got {divergence_factor}, {max_loss}")
         self.check_every_n_steps = check_every_n_steps
+        self.divergence_factor = divergence_factor
+        self.max_loss = max_loss
+        self.bound: float | None = max_loss  # set at the first check from the first loss, kept in checkpoints
         self._losses: list[torch.Tensor] = []
         self._steps: list[int] = []
         self._step = 0
@@ -48,22 +71,54 @@ class FiniteLossGuard(Callback):
     def _check(self, trainer: L.Trainer) -> None:
         if not self._losses:
             return
-        bad = ~torch.isfinite(torch.cat(self._losses))
+        losses = torch.cat(self._losses)
         steps, self._losses, self._steps = self._steps, [], []
-        if bool(bad.any()):
-            first = steps[int(bad.nonzero()[0])]
-            raise NonFiniteLossError(
-                f"the training loss became NaN or infinite at step {first} (epoch {trainer.current_epoch}); "
-                "training stopped, the MLflow run is marked FAILED and the last good checkpoint is kept. "
-                "Lower the learning rate, check the data, or enable gradient clipping "
-                "(--trainer.gradient_clip_val)"
+        if self.bound is None and self.divergence_factor is not None:
+            first = float(losses[0])  # one extra sync, once per run
+            if math.isfinite(first):
+                self.bound = self.divergence_factor * max(abs(first), 1.0)
+        bad = ~torch.isfinite(losses)
+        if self.bound is not None:
+            bad |= losses.abs() > self.bound
+        if not bool(bad.any()):
+            return
+        i = int(bad.nonzero()[0])
+        value = float(losses[i])
+        kept = self._last_checkpoint(trainer)
+        after = (f"the last checkpoint before it, {kept}, is kept" if kept else "no checkpoint had been written yet")
+        fix = "Lower the learning rate, check the data, or enable gradient clipping (--trainer.gradient_clip_val)"
+        where = f"at step {steps[i]} (epoch {trainer.current_epoch})"
+        if math.isfinite(value):
+            raise DivergedLossError(
+                f"the training loss diverged {where}: {value:.3g} is past the guard's bound {self.bound:.3g}; "
+                f"training stopped, the MLflow run is marked FAILED and {after}. {fix}, or set the bound "
+                "(a FiniteLossGuard in trainer.callbacks with divergence_factor or max_loss)"
             )
+        raise NonFiniteLossError(
+            f"the training loss became NaN or infinite {where}; training stopped, the MLflow run is marked FAILED "
+            f"and {after}. {fix}"
+        )
+
+    @staticmethod
+    def _last_checkpoint(trainer: L.Trainer) -> Path | None:
+        """The newest resumable checkpoint on disk (``last.ckpt``), if one was written."""
+        for callback in trainer.callbacks:
+            if isinstance(callback, LastCheckpoint) and callback.path.is_file():
+                return callback.path
+        return None
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._check(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._check(trainer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"bound": self.bound}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.max_loss is None:  # a resume keeps the bound its first loss set, not the resumed step's loss
+            self.bound = state_dict.get("bound")
 
 
 class InterruptCheckpoint(Callback):

@@ -60,8 +60,9 @@ def load_runs(client: Any, experiment: str, sweep: str | None) -> tuple[list[Any
     """The runs to compare, the sweep's parent run (None without ``--sweep``), and what was left out and why.
 
     With ``--sweep`` (the parent's run id or the sweep's name) the parent's children; otherwise every run of
-    the experiment except sweep parents. Only FINISHED runs count; the others are counted by status. Within
-    a sweep a point run twice counts once (its newest FINISHED run); outside one, every run counts.
+    the experiment except sweep parents. Only FINISHED runs count; the others are counted by status. A sweep
+    point run twice counts once (its newest FINISHED run), with ``--sweep`` or without, and the left-out runs
+    are counted ("an older run of the same sweep point"); a run outside any sweep always counts.
     """
     from mlflow.entities import ViewType
 
@@ -93,12 +94,22 @@ def load_runs(client: Any, experiment: str, sweep: str | None) -> tuple[list[Any
         if run.info.status != "FINISHED":
             excluded[f"status {run.info.status}"] = excluded.get(f"status {run.info.status}", 0) + 1
             continue
-        name = run.info.run_name or run.info.run_id
-        if sweep and name in kept:
+        key = point_key(run)
+        if key in kept:
             excluded["an older run of the same sweep point"] = excluded.get("an older run of the same sweep point", 0) + 1
             continue
-        kept[name if sweep else run.info.run_id] = run
+        kept[key] = run
     return list(kept.values()), parent, excluded
+
+
+def point_key(run: Any) -> tuple[str, ...]:
+    """What makes runs the same sweep point: the sweep's parent run and the point's run name (a rerun of a
+    point, the same command again, logs under the same parent with the same name). A run outside any sweep is
+    its own key: two fits with the same config are two replicates, not a rerun."""
+    parent = run.data.tags.get("mlflow.parentRunId")
+    if parent and run.data.tags.get("sweep.name"):
+        return ("point", parent, run.info.run_name or run.info.run_id)
+    return ("run", run.info.run_id)
 
 
 def _find_sweep(client: Any, experiment_id: str, sweep: str) -> Any:

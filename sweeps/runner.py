@@ -3,9 +3,11 @@
 Every point is a normal ``python main.py fit`` (then ``test --ckpt_path best``) with the point's overrides,
 ``--run.name <sweep>-<point>-s<seed>`` and ``--run.parent_run_id <parent>``. Progress is kept in MLflow
 itself, not in a side file: when all of a point's steps succeed the runner tags its child run
-``sweep.done = fit`` (or ``test``). A re-run skips the points whose child run is FINISHED with that tag, and
-runs the rest (only the test if the fit is already done), so a sweep resumes after Ctrl-C, a crash, or a
-SLURM array task that died. A point that fails ends as a FAILED child run (created if the CLI never got as
+``sweep.done = fit`` (or ``test``). A re-run skips the points whose child run is FINISHED (a FINISHED child
+without the tag is a fit the killed runner did not get to tag: it is adopted, never trained twice), resumes a
+point whose unfinished child left a ``last.ckpt`` (``--ckpt_path last``, into that same run), and runs the
+rest (only the test if the fit is already done), so a sweep resumes after Ctrl-C, a crash, or a SLURM array
+task that died. A point that fails ends as a FAILED child run (created if the CLI never got as
 far as opening one) with its log attached, and the other points go on.
 
 How a command runs is the executor's business: ``WorkerPool`` (the local default: warm worker processes forked
@@ -207,14 +209,42 @@ def children(client: Any, plan: SweepPlan, parent_id: str) -> dict[str, list[Any
 
 
 def point_state(runs: list[Any], want_test: bool) -> tuple[str, Any | None]:
-    """``done``, ``needs_test`` (fit FINISHED and tagged, no test) or ``todo``, with the run concerned."""
+    """``done``, ``needs_test`` (fit FINISHED, no test) or ``todo``, with the run concerned.
+
+    A FINISHED child without the ``sweep.done`` tag is a fit that ended well in a sweep killed before it
+    could tag it (the fit's process ends the run FINISHED only when training succeeded; a failed step ends
+    it FAILED): it counts as a done fit and is adopted (``_run_point`` tags it), never trained a second time.
+    """
     for run in runs:
-        done = run.data.tags.get(DONE_TAG)
+        done = run.data.tags.get(DONE_TAG, "fit")
         if run.info.status == "FINISHED" and done in ("fit", "test"):
             if done == "test" or not want_test:
                 return "done", run
             return "needs_test", run
     return "todo", None
+
+
+def resumable_run(runs: list[Any], ckpt_dir: Path) -> str | None:
+    """The point's child run that a killed sweep left unfinished (RUNNING, or KILLED by a Ctrl-C or by the
+    rerun's clean-up) with a complete ``last.ckpt`` of its own in the point's folder: the fit resumes it
+    (``--ckpt_path last``, into the same run) instead of training from scratch into a new one."""
+    record = _run_record(ckpt_dir)
+    last = Path(ckpt_dir) / "last.ckpt"
+    if not record or not _complete(last):
+        return None
+    ids = {r.info.run_id for r in runs if r.info.status in ("RUNNING", "KILLED")}
+    return record.get("run_id") if record.get("run_id") in ids else None
+
+
+def _complete(path: Path) -> bool:
+    """Whether ``path`` is a complete checkpoint archive (a zip whose members pass their CRC check)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -576,9 +606,13 @@ class SweepRunner:
     def _run_point(self, point: Point, previous: list[Any]) -> Outcome:
         plan = self.plan
         state, run = point_state(previous, plan.spec.test)
+        if run is not None and DONE_TAG not in run.data.tags:  # a finished fit the killed sweep did not tag
+            self.client.set_tag(run.info.run_id, DONE_TAG, "fit")
         if state == "done":
             return Outcome(point, "SKIPPED", run_id=run.info.run_id)
-        # Runs of this point still marked RUNNING belong to a sweep that was killed: it is being redone now.
+        # Runs of this point still marked RUNNING belong to a sweep that was killed: it is being redone now,
+        # from the newest checkpoint of its own run when it has one.
+        resume = resumable_run(previous, plan.ckpt_dir(point)) if state == "todo" else None
         for old in previous:
             if old.info.status == "RUNNING":
                 self.client.set_terminated(old.info.run_id, "KILLED")
@@ -586,7 +620,7 @@ class SweepRunner:
         log_file = plan.log_dir / f"{point.run_name}.log"
         steps: list[tuple[str, list[str]]] = []
         if state == "todo":
-            steps.append(("fit", plan.fit_args(point, self.parent_id)))
+            steps.append(("fit", plan.fit_args(point, self.parent_id) + (["--ckpt_path", "last"] if resume else [])))
         if plan.spec.test:
             steps.append(("test", plan.test_args(point)))
         run_id = run.info.run_id if run is not None else None

@@ -97,7 +97,7 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         keep_end_time: bool = False,
     ) -> None:
         uri = tracking_uri or default_tracking_uri()
-        prepare_store(uri, None if run_id else experiment_name)
+        prepare_store(uri, None if run_id else experiment_name, writable=True)
         super().__init__(
             experiment_name=experiment_name,
             run_name=run_name,

@@ -13,15 +13,18 @@ folder ``yinyang_#2``); the earlier instances' files stay where they are. ``--ck
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import socket
 import time
+import zipfile
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 
 from errors import PaperlabError
@@ -30,6 +33,7 @@ from tracking.mlflow_logger import PaperlabMLFlowLogger
 from tracking.uri import prepare_store, retry_locked
 
 RUN_FILE = "mlflow_run.json"
+LAST = "last.ckpt"
 INSTANCE = re.compile(r"^(?P<base>.+) #(?P<n>[0-9]+)$")
 
 
@@ -87,9 +91,9 @@ def latest_instance(base: str, experiment_dir: Path) -> int:
     return max(with_last, default=1)
 
 
-def mlflow_run_names(tracking_uri: str, experiment: str, base: str) -> list[str]:
-    """Names of the experiment's runs (deleted ones too: they can be restored) that are ``base`` or an
-    instance of it."""
+def mlflow_runs_named(tracking_uri: str, experiment: str, base: str) -> list[Any]:
+    """The experiment's runs (deleted ones too: they can be restored) that are ``base`` or an instance of it,
+    newest first."""
     import mlflow
     from mlflow.entities import ViewType
 
@@ -100,17 +104,74 @@ def mlflow_run_names(tracking_uri: str, experiment: str, base: str) -> list[str]
         return []
     # LIKE on the name up to its first quote (a quote would end the filter's string): a superset, cut below
     prefix = re.split(r"['\"\\]", base, maxsplit=1)[0]
-    names: list[str] = []
+    runs: list[Any] = []
     token = None
     while True:
         page = retry_locked(client.search_runs, [found.experiment_id],
                             filter_string=f"attributes.run_name LIKE '{prefix}%'", run_view_type=ViewType.ALL,
-                            max_results=1000, page_token=token)
-        names += [r.info.run_name for r in page]
+                            order_by=["attributes.start_time DESC"], max_results=1000, page_token=token)
+        runs += list(page)
         token = page.token
         if not token:
             break
-    return [n for n in names if n == base or ((m := INSTANCE.match(n or "")) is not None and m["base"] == base)]
+    return [r for r in runs if (n := r.info.run_name) == base
+            or ((m := INSTANCE.match(n or "")) is not None and m["base"] == base)]
+
+
+def mlflow_run_names(tracking_uri: str, experiment: str, base: str) -> list[str]:
+    """Names of the experiment's runs (deleted ones too) that are ``base`` or an instance of it."""
+    return [r.info.run_name for r in mlflow_runs_named(tracking_uri, experiment, base)]
+
+
+# The process that runs a fit, as a run tag: ``<host>:<pid>:<start time>``. A process killed with -9 (or the
+# OOM killer, a power cut) cannot end its run, which MLflow then shows RUNNING forever; the next command on
+# the run's name looks the process up and, when it is gone, marks the run KILLED. The start time (clock
+# ticks since boot, /proc/<pid>/stat) tells a reused pid from the process that opened the run.
+PROCESS_TAG = "paperlab.process"
+
+
+def _start_ticks(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]  # field 22, counted after the command name
+
+
+def this_process() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_ticks(os.getpid()) or ''}"
+
+
+def process_gone(ident: str) -> bool:
+    """Whether the process ``this_process()`` described has ended; False when it cannot be told (another
+    host, or no tag): such a run is left as it is."""
+    host, _, rest = ident.partition(":")
+    pid_text, _, ticks = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if ticks:
+        return _start_ticks(pid) != ticks
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def close_orphaned_runs(tracking_uri: str, runs: Iterable[Any]) -> list[Any]:
+    """Mark KILLED every run of ``runs`` that is RUNNING although the process that opened it has ended (see
+    ``PROCESS_TAG``); return them. A run of a live process or of another host is not touched."""
+    import mlflow
+
+    closed = [r for r in runs if r.info.status == "RUNNING" and process_gone(r.data.tags.get(PROCESS_TAG, ""))]
+    client = mlflow.MlflowClient(tracking_uri)
+    for run in closed:
+        retry_locked(client.set_tag, run.info.run_id, "paperlab.ended", "its process ended without closing the run")
+        retry_locked(client.set_terminated, run.info.run_id, "KILLED")
+    return closed
 
 
 class CheckpointNotFound(PaperlabError, FileNotFoundError):
@@ -135,32 +196,102 @@ def run_id_for_checkpoint(ckpt: Path, tracking_uri: str) -> str | None:
     return None
 
 
-def resolve_checkpoint(ckpt_path: str | None, directory: Path) -> str | None:
-    """``last`` and ``best`` -> files in ``directory``; a path -> itself; clear errors when missing."""
+class CorruptCheckpoint(PaperlabError):
+    """``--ckpt_path`` names a file that is not a complete checkpoint (truncated, overwritten, not one)."""
+
+
+def check_checkpoint(path: Path, option: str) -> None:
+    """Raise ``CorruptCheckpoint`` (one line: the file, what is wrong, what to do) unless ``path`` is a
+    complete ``torch.save`` archive whose every member reads back with its CRC.
+
+    Checked before a command opens its run, so a bad file ends nothing (a finished run stays FINISHED).
+    ``torch.load`` would fail too, but deep inside Lightning, after the run was taken over, with a traceback
+    whose advice (``weights_only=False``) is wrong for a damaged file. A zip read is cheap next to the load.
+    """
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+            names = archive.namelist()
+        problem = (f"member {bad} fails its CRC check" if bad is not None
+                   else None if any(n.endswith("/data.pkl") for n in names) else "it holds no pickled state")
+    except zipfile.BadZipFile as err:
+        problem = f"not a complete checkpoint archive: {err}" if path.stat().st_size else "the file is empty"
+    except (OSError, EOFError, zlib.error, ValueError) as err:
+        problem = f"it cannot be read: {err}"
+    if problem is None:
+        return
+    directory = path.parent
+    others = [str(p) for p in sorted(directory.glob("best-*.ckpt")) if p != path]
+    others += [str(p) for p in sorted(directory.with_name(directory.name + ".archive").glob("*/*.ckpt"))[-2:]]
+    instead = f"--ckpt_path {others[0]}" if others else "--ckpt_path with an archived or best checkpoint"
+    raise CorruptCheckpoint(
+        f"checkpoint {path} (--ckpt_path {option}) is damaged ({problem}); use {instead}, or start a fresh fit "
+        "without --ckpt_path (the run and its other files are unchanged)"
+    )
+
+
+def best_checkpoint(directory: Path) -> Path | None:
+    """The run's best checkpoint, ``best-epoch<NNN>.ckpt``, found by name: ``BestCheckpoint`` keeps one (a kill
+    between writing a new best and removing the old one leaves two, and the newer epoch is the better one).
+    Found without loading ``last.ckpt``, so a damaged ``last.ckpt`` does not stop ``test --ckpt_path best``."""
+    found = sorted(Path(directory).glob("best-epoch*.ckpt"), key=lambda p: (len(p.stem), p.stem))
+    return found[-1] if found else None
+
+
+def resolve_checkpoint(ckpt_path: str | None, directory: Path, never_checkpointed: str | None = None) -> str | None:
+    """``last`` and ``best`` -> files in ``directory``; a path -> itself; clear errors when missing or damaged.
+
+    ``never_checkpointed``: the run of this name that was started but wrote no checkpoint before it ended
+    (``orphaned_runs``), for the error to say so instead of doubting the name."""
     if ckpt_path is None:
         return None
     directory = Path(directory)
     if ckpt_path in ("last", "best"):
-        last = directory / "last.ckpt"
-        if not last.is_file():
+        found = directory / LAST if ckpt_path == "last" else best_checkpoint(directory)
+        if found is None or not found.is_file():
+            if never_checkpointed:
+                raise CheckpointNotFound(
+                    f"nothing to resume (--ckpt_path {ckpt_path}): the run {never_checkpointed} never wrote a checkpoint "
+                    f"(it ended before its first epoch did): start it again without --ckpt_path"
+                )
+            if ckpt_path == "best" and (directory / LAST).is_file():
+                raise CheckpointNotFound(f"no best-epoch*.ckpt in {directory}/ (--ckpt_path best); it holds last.ckpt: "
+                                         "--ckpt_path last")
             runs = sorted(p.parent.name for p in directory.parent.glob("*/last.ckpt"))
             known = f"; runs with checkpoints: {', '.join(runs[:8])}" if runs else ""
             raise CheckpointNotFound(
-                f"--ckpt_path {ckpt_path}: no checkpoint in {directory}/. The run name is the config's stem plus the "
+                f"no checkpoint in {directory}/ (--ckpt_path {ckpt_path}). The run name is the config's stem plus the "
                 "command-line overrides: pass the same overrides as the fit, or --run.name NAME" + known
             )
-        if ckpt_path == "last":
-            return str(last)
-        state = torch.load(last, map_location="cpu", weights_only=False).get("callbacks", {})
-        for value in state.values():
-            if isinstance(value, dict) and value.get("best_model_path"):
-                best = Path(value["best_model_path"])
-                if best.is_file():
-                    return str(best)
-        raise CheckpointNotFound(f"--ckpt_path best: {last} records no best checkpoint that still exists")
+        check_checkpoint(found, ckpt_path)
+        return str(found)
     if not Path(ckpt_path).is_file():
-        raise CheckpointNotFound(f"--ckpt_path {ckpt_path}: no such checkpoint file")
+        raise CheckpointNotFound(f"no such checkpoint file: --ckpt_path {ckpt_path}")
+    check_checkpoint(Path(ckpt_path), ckpt_path)
     return ckpt_path
+
+
+class CheckpointFolderUnwritable(PaperlabError, OSError):
+    """The run's checkpoint folder cannot be created or written."""
+
+
+def check_checkpoint_folder(directory: Path) -> None:
+    """Create ``directory`` and write and remove a probe file in it, before the run exists: a read-only folder or
+    a file in the way is one line here, instead of a traceback at the first checkpoint and an empty FAILED run."""
+    directory = Path(directory)
+    probe = directory / f".paperlab-probe-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        blocker = next((p for p in [directory, *directory.parents] if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file, not a folder" if blocker else (err.strerror or str(err)).lower()
+        raise CheckpointFolderUnwritable(
+            f"cannot write checkpoints into {directory}/ ({why}): choose a writable folder with "
+            "--run.checkpoint_root DIR"
+        ) from err
 
 
 def archive_previous(directory: Path) -> Path | None:
@@ -206,3 +337,5 @@ class RunRegistry(Callback):
             "tracking_uri": logger.tracking_uri,
         }
         (directory / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        if logger.run_id is not None and trainer.ckpt_path is not None:  # a resume: this process owns the run now
+            logger.set_tags({PROCESS_TAG: this_process()})
