@@ -32,9 +32,15 @@ class FunctionPreservationCheck(Diagnostic):
     name = "function_preservation"
     requires = (protocols.FunctionPreservation,)
 
-    def __init__(self, schedule: Schedule = Schedule(at_fit_start=True, at_validation=True), tolerance: float = 1e-4,
-                 max_rows: int = 16, if_unsupported: Literal["error", "skip"] = "error", plot: bool = False,
-                 max_history: int = 10_000) -> None:
+    def __init__(
+        self,
+        schedule: Schedule = Schedule(at_fit_start=True, at_validation=True),
+        tolerance: float = 1e-4,
+        max_rows: int = 16,
+        if_unsupported: Literal["error", "skip"] = "error",
+        plot: bool = False,
+        max_history: int = 10_000,
+    ) -> None:
         super().__init__(schedule, if_unsupported, plot, max_history)
         if not tolerance > 0 or max_rows < 1:
             raise ConfigError(f"tolerance must be > 0 and max_rows >= 1, got {tolerance}, {max_rows}")

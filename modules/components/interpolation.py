@@ -26,14 +26,17 @@ def interpolate(sd_a: Mapping[str, Tensor], sd_b: Mapping[str, Tensor], alpha: f
     """
     if set(sd_a) != set(sd_b):
         only = sorted(set(sd_a) ^ set(sd_b))
-        raise ConfigError(f"the two state dicts differ in their entries ({', '.join(only[:3])}): interpolate "
-                          "networks of one architecture")
+        raise ConfigError(
+            f"the two state dicts differ in their entries ({', '.join(only[:3])}): interpolate "
+            "networks of one architecture"
+        )
     out: dict[str, Tensor] = {}
     for name, a in sd_a.items():
         b = sd_b[name]
         if a.shape != b.shape:
-            raise ConfigError(f"{name}: shapes {tuple(a.shape)} and {tuple(b.shape)} differ; interpolate networks "
-                              "of one architecture")
+            raise ConfigError(
+                f"{name}: shapes {tuple(a.shape)} and {tuple(b.shape)} differ; interpolate networks of one architecture"
+            )
         if not (a.is_floating_point() or a.is_complex()):
             if not torch.equal(a, b):
                 raise ConfigError(f"{name}: integer entries differ between the two networks and cannot be averaged")
@@ -52,8 +55,9 @@ def loss_barrier(alphas: Sequence[float] | Tensor, losses: Sequence[float] | Ten
     a = torch.as_tensor(alphas, dtype=torch.float64).flatten()
     loss = torch.as_tensor(losses, dtype=torch.float64).flatten()
     if a.numel() != loss.numel() or a.numel() < 2:
-        raise ConfigError(f"loss_barrier needs one loss per alpha (at least 2), got {a.numel()} alphas and "
-                          f"{loss.numel()} losses")
+        raise ConfigError(
+            f"loss_barrier needs one loss per alpha (at least 2), got {a.numel()} alphas and {loss.numel()} losses"
+        )
     if a[0] != 0 or a[-1] != 1 or bool((a.diff() <= 0).any()):
         raise ConfigError("loss_barrier needs increasing alphas from 0 to 1 (the endpoints define the chord)")
     chord = (1 - a) * loss[0] + a * loss[-1]

@@ -54,11 +54,15 @@ def check_state_dict(sd: Mapping[str, Tensor], n_head: int) -> None:
     if "tok_emb.weight" not in sd or "head.weight" not in sd or "blocks.0.attn.qkv.weight" not in sd:
         raise ConfigError("transform_state_dict needs a TinyGPT state dict (tok_emb, blocks.*, head)")
     if any(k.endswith(("ln_1.bias", "ln_2.bias")) or k == "ln_f.bias" for k in sd):
-        raise ConfigError("the model has LayerNorm biases: residual rotations are exact only for "
-                          "TinyGPT(norm='rmsnorm'); train the endpoints with norm: rmsnorm")
+        raise ConfigError(
+            "the model has LayerNorm biases: residual rotations are exact only for "
+            "TinyGPT(norm='rmsnorm'); train the endpoints with norm: rmsnorm"
+        )
     if sd["head.weight"].data_ptr() == sd["tok_emb.weight"].data_ptr():
-        raise ConfigError("the head is tied to the token embedding (a read-in and the stream's input share one "
-                          "matrix, so no rotation is exact): train the endpoints with tie_weights: false")
+        raise ConfigError(
+            "the head is tied to the token embedding (a read-in and the stream's input share one "
+            "matrix, so no rotation is exact): train the endpoints with tie_weights: false"
+        )
     d = sd["tok_emb.weight"].shape[1]
     if n_head < 1 or d % n_head:
         raise ConfigError(f"n_head={n_head} does not divide the width {d}")
@@ -198,21 +202,29 @@ def transform_state_dict(
         rotation = torch.as_tensor(rotation, dtype=ref.dtype, device=ref.device)
         if rotation.shape != (d, d):
             raise ConfigError(f"rotation must be ({d}, {d}), got {tuple(rotation.shape)}")
-        err = float((rotation.T.double() @ rotation.double() - torch.eye(d, dtype=torch.float64,
-                                                                          device=ref.device)).abs().max())
+        err = float(
+            (rotation.T.double() @ rotation.double() - torch.eye(d, dtype=torch.float64, device=ref.device)).abs().max()
+        )
         if err > 1e-4:
-            raise ConfigError(f"rotation is not orthogonal (max |Q^T Q - I| = {err:.2g}); only orthogonal Q "
-                              "preserve RMSNorm")
+            raise ConfigError(
+                f"rotation is not orthogonal (max |Q^T Q - I| = {err:.2g}); only orthogonal Q preserve RMSNorm"
+            )
 
     def per_layer(value: Any, what: str) -> list[Any]:
         if len(value) != layers:
             raise ConfigError(f"{what} needs one entry per layer ({layers}), got {len(value)}")
         return list(value)
 
-    heads = [_perm_matrix(p, n_head, f"head_perm[{i}]", ref)
-             for i, p in enumerate(per_layer(head_perm, "head_perm"))] if head_perm is not None else None
-    units = [_perm_matrix(p, ffn, f"ffn_perm[{i}]", ref)
-             for i, p in enumerate(per_layer(ffn_perm, "ffn_perm"))] if ffn_perm is not None else None
+    heads = (
+        [_perm_matrix(p, n_head, f"head_perm[{i}]", ref) for i, p in enumerate(per_layer(head_perm, "head_perm"))]
+        if head_perm is not None
+        else None
+    )
+    units = (
+        [_perm_matrix(p, ffn, f"ffn_perm[{i}]", ref) for i, p in enumerate(per_layer(ffn_perm, "ffn_perm"))]
+        if ffn_perm is not None
+        else None
+    )
     maps: dict[str, list[Tensor] | None] = {}
     for what, value in (("qk_maps", qk_maps), ("vo_maps", vo_maps)):
         if value is None:
@@ -225,8 +237,16 @@ def transform_state_dict(
             if not bool(torch.isfinite(torch.linalg.cond(m.double())).all()):
                 raise ConfigError(f"{what}[{i}] holds a singular matrix: the head maps must be invertible")
         maps[what] = mats
-    return apply_transforms(sd, n_head, fold=True, rotation=rotation, head_perm=heads, qk_maps=maps["qk_maps"],
-                            vo_maps=maps["vo_maps"], ffn_perm=units)
+    return apply_transforms(
+        sd,
+        n_head,
+        fold=True,
+        rotation=rotation,
+        head_perm=heads,
+        qk_maps=maps["qk_maps"],
+        vo_maps=maps["vo_maps"],
+        ffn_perm=units,
+    )
 
 
 def procrustes(a: Tensor, b: Tensor) -> Tensor:
@@ -268,14 +288,14 @@ def weight_matching(sd_a: Mapping[str, Tensor], sd_b: Mapping[str, Tensor], n_he
     for l in range(n_layers(sd_a)):
         pre = f"blocks.{l}."
 
-        def head_features(s: Mapping[str, Tensor]) -> Tensor:
+        def head_features(s: Mapping[str, Tensor], pre: str = pre) -> Tensor:
             w3 = s[pre + "attn.qkv.weight"].reshape(3, n_head, dh, d).permute(1, 0, 2, 3).reshape(n_head, -1)
             wo = s[pre + "attn.proj.weight"].reshape(d, n_head, dh).permute(1, 0, 2).reshape(n_head, -1)
             return torch.cat([w3, wo], 1)
 
         head_perm.append(_assign(head_features(fa) @ head_features(rb).T))
 
-        def unit_features(s: Mapping[str, Tensor]) -> Tensor:
+        def unit_features(s: Mapping[str, Tensor], pre: str = pre) -> Tensor:
             return torch.cat([s[pre + "mlp.fc.weight"], s[pre + "mlp.proj.weight"].T], 1)
 
         ffn_perm.append(_assign(unit_features(fa) @ unit_features(rb).T))

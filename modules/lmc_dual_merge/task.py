@@ -46,8 +46,7 @@ EVAL_ALPHAS = [k / 10 for k in range(11)]
 
 def endpoint_net(shape: tuple[int, ...], vocab: int) -> TinyGPT:
     """The paper's tiny endpoint: 2 layers, 4 heads, width 64, ReLU MLP, RMSNorm, untied head."""
-    return TinyGPT(shape, vocab, n_layer=2, n_head=4, n_embd=64, activation="relu", norm="rmsnorm",
-                   tie_weights=False)
+    return TinyGPT(shape, vocab, n_layer=2, n_head=4, n_embd=64, activation="relu", norm="rmsnorm", tie_weights=False)
 
 
 def architecture(net: nn.Module) -> dict[str, Any]:
@@ -74,14 +73,19 @@ def check_endpoints(net_a: nn.Module, net_b: nn.Module) -> None:
     arch_a, arch_b = architecture(net_a), architecture(net_b)
     for key, value in arch_a.items():
         if arch_b[key] != value:
-            raise ConfigError(f"the endpoints differ in {key}: {value!r} (ckpt_a) vs {arch_b[key]!r} (ckpt_b); "
-                              "train both from one endpoint config")
+            raise ConfigError(
+                f"the endpoints differ in {key}: {value!r} (ckpt_a) vs {arch_b[key]!r} (ckpt_b); "
+                "train both from one endpoint config"
+            )
     if arch_a["norm"] != "rmsnorm":
-        raise ConfigError("the endpoints use norm='layernorm': residual rotations are exact only with RMSNorm; "
-                          "train them with --model.net.init_args.norm rmsnorm")
+        raise ConfigError(
+            "the endpoints use norm='layernorm': residual rotations are exact only with RMSNorm; "
+            "train them with --model.net.init_args.norm rmsnorm"
+        )
     if arch_a["tie_weights"]:
-        raise ConfigError("the endpoints tie the head to the token embedding: train them with "
-                          "--model.net.init_args.tie_weights false")
+        raise ConfigError(
+            "the endpoints tie the head to the token embedding: train them with --model.net.init_args.tie_weights false"
+        )
 
 
 def sinkhorn(logits: Tensor, tau: float, iters: int = 20) -> Tensor:
@@ -163,23 +167,28 @@ class EndpointTransform(nn.Module):
 
     def apply(self, sd: dict[str, Tensor], hard: bool) -> dict[str, Tensor]:
         dtype = next(iter(sd.values())).dtype
-        maps = {k: v.to(dtype) if isinstance(v, Tensor) else [m.to(dtype) for m in v] for k, v in self.maps(hard).items()}
+        maps = {
+            k: v.to(dtype) if isinstance(v, Tensor) else [m.to(dtype) for m in v] for k, v in self.maps(hard).items()
+        }
         return apply_transforms(sd, self.n_head, fold="norm_absorb" in self.symmetries, **maps)
 
 
 def load_endpoint(path: str, net: TinyGPT) -> TinyGPT:
     """Load a saved endpoint's weights (an ``LMCEndpoint`` checkpoint) into ``net``."""
     if not Path(path).is_file():
-        raise ConfigError(f"endpoint checkpoint {path!r} does not exist; train it with python main.py fit "
-                          "--config configs/lmc_dual_merge/endpoint.yaml (see docs/papers/lmc_dual_merge.md)")
+        raise ConfigError(
+            f"endpoint checkpoint {path!r} does not exist; train it with python main.py fit "
+            "--config configs/lmc_dual_merge/endpoint.yaml (see docs/papers/lmc_dual_merge.md)"
+        )
     state = torch.load(path, map_location="cpu", weights_only=False)
     sd = {k[4:]: v for k, v in state.get("state_dict", state).items() if k.startswith("net.")}
     try:
         net.load_state_dict(sd)
     except RuntimeError as err:
         line = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
-        raise ConfigError(f"{path} does not fit the aligner's net ({line}); give the aligner the endpoints' "
-                          "architecture") from None
+        raise ConfigError(
+            f"{path} does not fit the aligner's net ({line}); give the aligner the endpoints' architecture"
+        ) from None
     return net
 
 
@@ -321,8 +330,9 @@ class DualLMCAligner(PaperTask):
         x = batch[0]
         with torch.no_grad():
             ta, tb = self.transformed(hard=True)
-            diffs = [(functional_call(net, t, (x,)) - net(x)).abs().max() for net, t in
-                     ((self.net_a, ta), (self.net_b, tb))]
+            diffs = [
+                (functional_call(net, t, (x,)) - net(x)).abs().max() for net, t in ((self.net_a, ta), (self.net_b, tb))
+            ]
         return float(torch.stack(diffs).max())
 
     # --- steps ------------------------------------------------------------------------------------------------
@@ -336,12 +346,12 @@ class DualLMCAligner(PaperTask):
             return self.endpoint_step(x, y) if self.in_endpoint_stage else self.align_step(x, y)
         if self._path is None:
             self._path = self.eval_path()
-        losses = [F.cross_entropy(functional_call(self.net_a, sd, (x,)).flatten(0, 1), y.flatten())
-                  for sd in self._path]
+        losses = [
+            F.cross_entropy(functional_call(self.net_a, sd, (x,)).flatten(0, 1), y.flatten()) for sd in self._path
+        ]
         n = y.numel()
         inputs = {f"loss_at_{k:02d}": (loss, n) for k, loss in enumerate(losses)}
-        return StepOutput(torch.stack(losses).mean(), n=n, inputs={**inputs, "endpoint_loss": None,
-                                                                    "path_loss": None})
+        return StepOutput(torch.stack(losses).mean(), n=n, inputs={**inputs, "endpoint_loss": None, "path_loss": None})
 
     def _only(self, name: str, value: Tensor, n: int) -> dict[str, Any]:
         none = {k: None for k in self._metric_names}
@@ -352,8 +362,10 @@ class DualLMCAligner(PaperTask):
         if x.shape[0] < 2:
             raise ConfigError("endpoint training splits every batch between the two endpoints: batch_size >= 2")
         opt_end, _ = self.optimizers()
-        losses = [F.cross_entropy(net(x[i::2]).flatten(0, 1), y[i::2].flatten())
-                  for i, net in enumerate((self.net_a, self.net_b))]
+        losses = [
+            F.cross_entropy(net(x[i::2]).flatten(0, 1), y[i::2].flatten())
+            for i, net in enumerate((self.net_a, self.net_b))
+        ]
         loss = losses[0] + losses[1]
         opt_end.zero_grad()
         self.manual_backward(loss)
@@ -369,8 +381,9 @@ class DualLMCAligner(PaperTask):
         alphas = torch.rand(self.alpha_samples, device=x.device)
         with torch.set_grad_enabled(learned):
             ta, tb = self.transformed(hard=not learned)
-            loss = torch.stack([F.cross_entropy(self.path_logits(ta, tb, a, x).flatten(0, 1), y.flatten())
-                                for a in alphas]).mean()
+            loss = torch.stack(
+                [F.cross_entropy(self.path_logits(ta, tb, a, x).flatten(0, 1), y.flatten()) for a in alphas]
+            ).mean()
         opt_phi.zero_grad()
         if learned:
             self.manual_backward(loss)
@@ -399,8 +412,9 @@ class DualLMCAligner(PaperTask):
         return {f"{stage}/barrier": torch.tensor(loss_barrier(EVAL_ALPHAS, curve))}
 
     def configure_optimizers(self) -> Any:
-        endpoints = torch.optim.AdamW([*self.net_a.parameters(), *self.net_b.parameters()], lr=self.endpoint_lr,
-                                      weight_decay=0.0)
+        endpoints = torch.optim.AdamW(
+            [*self.net_a.parameters(), *self.net_b.parameters()], lr=self.endpoint_lr, weight_decay=0.0
+        )
         phi = self.optimizer_factory([*self.phi_a.parameters(), *self.phi_b.parameters()])
         return [endpoints, phi]
 
@@ -433,5 +447,13 @@ class DualLMCAligner(PaperTask):
             log_figure(self.trainer, fig, "figures/barrier_curve_test.png")
 
 
-__all__ = ["DualLMCAligner", "EndpointTransform", "LMCEndpoint", "architecture", "check_endpoints", "harden",
-           "load_endpoint", "sinkhorn"]
+__all__ = [
+    "DualLMCAligner",
+    "EndpointTransform",
+    "LMCEndpoint",
+    "architecture",
+    "check_endpoints",
+    "harden",
+    "load_endpoint",
+    "sinkhorn",
+]

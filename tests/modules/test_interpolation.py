@@ -13,7 +13,10 @@ from modules.components.tiny_gpt import TinyGPT
 
 def test_interpolate_matches_a_naive_loop_and_its_endpoints() -> None:
     g = torch.Generator().manual_seed(0)
-    a = {"w": torch.randn(3, 4, generator=g, dtype=torch.float64), "b": torch.randn(4, generator=g, dtype=torch.float64)}
+    a = {
+        "w": torch.randn(3, 4, generator=g, dtype=torch.float64),
+        "b": torch.randn(4, generator=g, dtype=torch.float64),
+    }
     b = {k: torch.randn(v.shape, generator=g, dtype=torch.float64) for k, v in a.items()}
     for alpha in (0.0, 0.3, 1.0):
         out = interpolate(a, b, alpha)
@@ -46,8 +49,9 @@ def test_barrier_matches_a_fine_grid_brute_force() -> None:
     g = torch.Generator().manual_seed(1)
     alphas = torch.linspace(0, 1, 101, dtype=torch.float64)
     losses = torch.rand(101, generator=g, dtype=torch.float64)
-    ref = max(float(l) - ((1 - float(a)) * float(losses[0]) + float(a) * float(losses[-1]))
-              for a, l in zip(alphas, losses))
+    ref = max(
+        float(l) - ((1 - float(a)) * float(losses[0]) + float(a) * float(losses[-1])) for a, l in zip(alphas, losses)
+    )
     assert loss_barrier(alphas.tolist(), losses.tolist()) == pytest.approx(ref, abs=1e-15)
 
 
