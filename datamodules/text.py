@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from datamodules.base import Split, TensorDataModule
 from datamodules.hub import load_hub_dataset
@@ -70,6 +71,8 @@ class CharTextDataModule(TensorDataModule):
         hub_id: a hub text corpus (for example ``"karpathy/tiny_shakespeare"``) instead of the embedded one.
         hub_config, text_column: the hub data set's config name and text column.
         batch_size, eval_batch_size, seed: see ``TensorDataModule``.
+        train_chars: U, train on only the first U characters of the train stream (None: all of it); val and
+            test are untouched. More than the train split holds is a ``ConfigError`` that prints its size.
     """
 
     dataset_name = "stdlib_text"
@@ -86,10 +89,13 @@ class CharTextDataModule(TensorDataModule):
         batch_size: int = 64,
         eval_batch_size: int | None = None,
         seed: int = 0,
+        train_chars: int | None = None,
     ) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, seed=seed)
         if block_size <= 0 or max_chars <= 0:
             raise ConfigError(f"block_size and max_chars must be positive, got {block_size}, {max_chars}")
+        if train_chars is not None and train_chars <= 0:
+            raise ConfigError(f"train_chars must be positive (or null for the whole train split), got {train_chars}")
         if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
             raise ConfigError(
                 f"val_fraction={val_fraction}, test_fraction={test_fraction} must be in (0, 1), sum < 1"
@@ -101,6 +107,7 @@ class CharTextDataModule(TensorDataModule):
         self.hub_id = hub_id
         self.hub_config = hub_config
         self.text_column = text_column
+        self.train_chars = train_chars
         if hub_id is not None:
             self.dataset_name = hub_id
 
@@ -130,9 +137,8 @@ class CharTextDataModule(TensorDataModule):
             docs = [text[i : i + step] for i in range(0, len(text), step)]
         return docs
 
-    def build_splits(self) -> dict[str, Split]:
-        import datasets
-
+    def split_documents(self) -> dict[str, list[str]]:
+        """The documents of each split, ``{"train": [...], "val": [...], "test": [...]}``."""
         docs = self.documents()
         # Whole documents go to one split (no text leaks across); each next document goes to the split
         # furthest below its share of characters, so the character fractions come out close to the
@@ -149,6 +155,16 @@ class CharTextDataModule(TensorDataModule):
             name = min(target, key=lambda k: (chars[k] + len(doc)) / total - target[k]) if i else "train"
             chars[name] += len(doc)
             split_of.append(name)
+        return {name: [d for d, s in zip(docs, split_of) if s == name] for name in target}
+
+    def streams(self) -> dict[str, Tensor]:
+        """Each split's character stream (documents joined, each followed by a newline), int64 ids; the train
+        stream cut to its first ``train_chars`` characters."""
+        import datasets
+
+        per_split = self.split_documents()
+        docs = [d for name in ("train", "val", "test") for d in per_split[name]]
+        split_of = [name for name in ("train", "val", "test") for _ in per_split[name]]
         ds = datasets.Dataset.from_dict({"text": docs, "split": split_of})
         bars = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()
@@ -161,12 +177,25 @@ class CharTextDataModule(TensorDataModule):
         finally:
             if bars:
                 datasets.enable_progress_bars()
-        out: dict[str, Split] = {}
-        w = self.block_size + 1
+        out: dict[str, Tensor] = {}
         newline = np.array([ord("\n")], dtype=np.uint8)
         for name in ("train", "val", "test"):
             rows = [np.concatenate([r, newline]) for r, s in zip(ids, splits) if s == name]
-            stream = torch.from_numpy(np.concatenate(rows).astype(np.int64))
+            out[name] = torch.from_numpy(np.concatenate(rows).astype(np.int64))
+        if self.train_chars is not None:
+            size = out["train"].numel()
+            if self.train_chars > size:
+                raise ConfigError(
+                    f"train_chars={self.train_chars} exceeds the train split's {size} characters; "
+                    f"set data.train_chars <= {size} (or raise max_chars)"
+                )
+            out["train"] = out["train"][: self.train_chars]
+        return out
+
+    def build_splits(self) -> dict[str, Split]:
+        out: dict[str, Split] = {}
+        w = self.block_size + 1
+        for name, stream in self.streams().items():
             n_win = (stream.numel() - 1) // self.block_size
             if n_win == 0:
                 raise ConfigError(f"the {name} split has fewer than {w} characters; lower block_size")
