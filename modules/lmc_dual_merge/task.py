@@ -33,7 +33,8 @@ from torch.func import functional_call
 from errors import ConfigError
 from modules.base import PaperTask, Stage, StepOutput, WeightedMean
 from modules.components.interpolation import interpolate, loss_barrier
-from modules.components.supervised import NetFactory, SupervisedTask
+from modules.components.lm_task import CausalLMTask, load_lm
+from modules.components.supervised import NetFactory
 from modules.components.tiny_gpt import TinyGPT
 from modules.lmc_dual_merge.symmetries import apply_transforms, fold_norms, weight_matching
 from tracking.figures import log_figure
@@ -173,27 +174,18 @@ class EndpointTransform(nn.Module):
         return apply_transforms(sd, self.n_head, fold="norm_absorb" in self.symmetries, **maps)
 
 
-def load_endpoint(path: str, net: TinyGPT) -> TinyGPT:
-    """Load a saved endpoint's weights (an ``LMCEndpoint`` checkpoint) into ``net``."""
+def load_endpoint(path: str) -> TinyGPT:
+    """A saved endpoint (an ``LMCEndpoint`` checkpoint) as its ``TinyGPT``."""
     if not Path(path).is_file():
         raise ConfigError(
             f"endpoint checkpoint {path!r} does not exist; train it with python main.py fit "
             "--config configs/lmc_dual_merge/endpoint.yaml (see docs/papers/lmc_dual_merge.md)"
         )
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    sd = {k[4:]: v for k, v in state.get("state_dict", state).items() if k.startswith("net.")}
-    try:
-        net.load_state_dict(sd)
-    except RuntimeError as err:
-        line = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
-        raise ConfigError(
-            f"{path} does not fit the aligner's net ({line}); give the aligner the endpoints' architecture"
-        ) from None
-    return net
+    return load_lm(path)
 
 
-class LMCEndpoint(SupervisedTask):
-    """One endpoint of LMC-DM: next-character training of a ``TinyGPT`` (``net``; see ``SupervisedTask``)."""
+class LMCEndpoint(CausalLMTask):
+    """One endpoint of LMC-DM: next-character training of a ``TinyGPT`` (``net``; see ``CausalLMTask``)."""
 
     paper_id = "004-03"
     monitor = "val/loss"
@@ -207,21 +199,22 @@ class LMCEndpoint(SupervisedTask):
         optimizer: OptimizerCallable = lambda p: torch.optim.AdamW(p, lr=3e-3, weight_decay=0.0),
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
-        super().__init__(net, "ce", input_shape, num_classes, optimizer, lr_scheduler)
+        super().__init__(net, input_shape, num_classes, optimizer, lr_scheduler)
 
 
 class DualLMCAligner(PaperTask):
     """Transforms of two fixed endpoints trained on the interpolation loss (module docstring).
 
     Args:
-        ckpt_a, ckpt_b: the endpoints' checkpoints (``LMCEndpoint`` fits); None: train both here first.
+        ckpt_a, ckpt_b: the endpoints' checkpoints (``LMCEndpoint`` fits; ``{seed}`` in a path is replaced by the
+            run's seed); None: train both here first.
         mode: ``naive``, ``weight_matching``, ``one_sided`` (only T_B learned) or ``dual`` (T_A and T_B).
         symmetries: the transform families (``norm_absorb`` needed by ``resid_rot``, ``head_qk``, ``head_vo``).
         init: where learned transforms start: ``weight_matching`` (B's; A at the identity) or ``identity``.
         alpha_samples: alphas drawn per step for the path loss.
         sinkhorn_tau: temperature of the relaxed permutations.
         sinkhorn_iters: Sinkhorn normalisation rounds.
-        net: the endpoints' architecture (built for ``ckpt_*`` None and to load the checkpoints into).
+        net: the endpoints' architecture when ``ckpt_a``/``ckpt_b`` are None (saved endpoints bring their own).
         endpoint_steps: training steps of the endpoints when ``ckpt_a``/``ckpt_b`` are None.
         endpoint_lr: their AdamW learning rate.
         input_shape, num_classes: linked from the DataModule (context, vocabulary).
@@ -270,16 +263,21 @@ class DualLMCAligner(PaperTask):
         self.alpha_samples, self.sinkhorn_iters = alpha_samples, sinkhorn_iters
         self.endpoint_lr = endpoint_lr
         shape = tuple(input_shape)
-        self.net_a, self.net_b = net(shape, num_classes), net(shape, num_classes)
         if ckpt_a is not None and ckpt_b is not None:
-            load_endpoint(ckpt_a, self.net_a)
-            load_endpoint(ckpt_b, self.net_b)
+            # "{seed}" in a path is the run's seed: one sweep aligns a different endpoint pair per seed
+            ckpt_a, ckpt_b = (c.replace("{seed}", str(self.run_seed)) for c in (ckpt_a, ckpt_b))
+            self.net_a, self.net_b = load_endpoint(ckpt_a).train(), load_endpoint(ckpt_b).train()
             self.net_a.requires_grad_(False)
             self.net_b.requires_grad_(False)
+        else:
+            self.net_a, self.net_b = net(shape, num_classes), net(shape, num_classes)
         check_endpoints(self.net_a, self.net_b)
         arch = architecture(self.net_a)
-        if arch["vocab_size"] != num_classes:
-            raise ConfigError(f"the endpoints' vocab_size {arch['vocab_size']} is not the data's {num_classes}")
+        if arch["vocab_size"] != num_classes or arch["block_size"] < shape[0]:
+            raise ConfigError(
+                f"the endpoints (vocab_size {arch['vocab_size']}, block_size {arch['block_size']}) do not fit the "
+                f"data (vocabulary {num_classes}, context {shape[0]}): align endpoints trained on this data"
+            )
         self.endpoint_steps = 0 if ckpt_a is not None else endpoint_steps
         self.n_head = arch["n_head"]
         dims = (arch["n_layer"], arch["n_head"], arch["n_embd"], arch["n_embd"] * arch["mlp_ratio"])

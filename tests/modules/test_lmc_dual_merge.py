@@ -235,20 +235,37 @@ def test_errors_name_the_fix(tmp_path) -> None:
         )
     with pytest.raises(ConfigError, match="norm='layernorm'"):
         DualLMCAligner(net=factory("layernorm"), input_shape=(T,), num_classes=V)
+
     # mismatched endpoints: the field is named
-    a, b = tmp_path / "a.ckpt", tmp_path / "b.ckpt"
-    torch.save({"state_dict": {f"net.{k}": v for k, v in factory()((T,), V).state_dict().items()}}, a)
-    wide = functools.partial(
-        TinyGPT, n_layer=L, n_head=H, n_embd=2 * D, activation="relu", norm="rmsnorm", tie_weights=False
-    )
-    torch.save({"state_dict": {f"net.{k}": v for k, v in wide((T,), V).state_dict().items()}}, b)
-    with pytest.raises(ConfigError, match="does not fit"):
-        DualLMCAligner(ckpt_a=str(a), ckpt_b=str(b), net=factory(), input_shape=(T,), num_classes=V)
-    with pytest.raises(ConfigError, match="does not exist"):
-        DualLMCAligner(
-            ckpt_a=str(a), ckpt_b=str(tmp_path / "missing.ckpt"), net=factory(), input_shape=(T,), num_classes=V
-        )
+    def save(path, width: int) -> str:
+        init = {
+            "n_layer": L,
+            "n_head": H,
+            "n_embd": width,
+            "activation": "relu",
+            "norm": "rmsnorm",
+            "tie_weights": False,
+        }
+        net = TinyGPT(T, V, **init)
+        hp = {
+            "net": {"class_path": "modules.components.tiny_gpt.TinyGPT", "init_args": init},
+            "input_shape": [T],
+            "num_classes": V,
+        }
+        torch.save({"state_dict": {f"net.{k}": v for k, v in net.state_dict().items()}, "hyper_parameters": hp}, path)
+        return str(path)
+
+    a, b = save(tmp_path / "a.ckpt", D), save(tmp_path / "b.ckpt", 2 * D)
+    save(tmp_path / "0.ckpt", D)  # "{seed}" in a path: the run's seed (0 when built in Python)
+    with pytest.raises(ConfigError, match="differ in n_embd: 16 .ckpt_a. vs 32"):
+        DualLMCAligner(ckpt_a=a, ckpt_b=b, input_shape=(T,), num_classes=V)
+    with pytest.raises(ConfigError, match="do not fit the data"):
+        DualLMCAligner(ckpt_a=a, ckpt_b=a, input_shape=(T,), num_classes=V + 1)
+    with pytest.raises(ConfigError, match="does not exist; train it"):
+        DualLMCAligner(ckpt_a=a, ckpt_b=str(tmp_path / "missing.ckpt"), input_shape=(T,), num_classes=V)
+    aligned = DualLMCAligner(ckpt_a=a, ckpt_b=str(tmp_path / "{seed}.ckpt"), input_shape=(T,), num_classes=V)
+    assert not any(p.requires_grad for p in aligned.net_a.parameters())  # the endpoints stay fixed
     with pytest.raises(ConfigError, match="both ckpt_a and ckpt_b"):
-        DualLMCAligner(ckpt_a=str(a), net=factory(), input_shape=(T,), num_classes=V)
+        DualLMCAligner(ckpt_a=a, net=factory(), input_shape=(T,), num_classes=V)
     with pytest.raises(ConfigError, match="add norm_absorb"):
         DualLMCAligner(symmetries=["resid_rot"], net=factory(), input_shape=(T,), num_classes=V)
