@@ -128,3 +128,11 @@ class ProvidesProblem(Protocol):
     (``datamodules.dist_problems.DistributedProblem``), built when the task knows its number of workers."""
 
     def build_problem(self, n_workers: int) -> Any: ...
+
+
+@runtime_checkable
+class FunctionPreservation(Protocol):
+    """Methods that transform a network's weights: max |f_T(theta)(x) - f_theta(x)| over the batch's outputs
+    (0 for an exactly function-preserving transform, up to rounding)."""
+
+    def function_preservation(self, batch: Any) -> float: ...
