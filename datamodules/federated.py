@@ -1,10 +1,21 @@
 """A labelled data set split among federated clients: Dirichlet label skew, local train/val/test per client.
 
-The whole data set is partitioned among ``n_clients`` by ``datamodules.partition.dirichlet_partition``;
-each client's samples are then split into a local test part (``test_fraction``, 20 % as in the CRAFT
-authors' code) and a local training part, from which ``val_fraction`` is held out as local validation.
-The global test set is the union of the clients' test sets, so every client's accuracy can be read from
-it (the per-client test carries the client's own label mixture).
+A stratified share of every class (``test_pool_fraction``, 30 % by default) is held out first as the *test
+pool*; the rest is partitioned among ``n_clients`` by ``datamodules.partition.dirichlet_partition``, and
+``val_fraction`` of each client's samples is held out as its local validation set. Client ``i``'s test set
+is ``client_test_size`` draws (50 by default) from the pool, each an independent draw from the client's own
+label distribution ``pi_i`` (the label shares of its local samples): a class ``c ~ pi_i``, then a pool sample
+of class ``c`` uniformly, i.e. with replacement. The test pool is disjoint from every client's training and
+validation data; clients with overlapping labels may share pool samples.
+
+Why not the CRAFT authors' local 80/20 split: with Dirichlet(0.1) sizes it gives test sets of 2-80 samples
+(median ~12) on digits, whose binomial noise alone explains the measured spread of client accuracies. Why
+with replacement: the count of correct answers is then exactly ``Binomial(n, p_i)`` given the model, with
+``p_i`` the accuracy on the client's label mixture over the pool, which is what the noise correction of
+``ClientAccuracy`` assumes; without replacement from a class pool barely larger than ``n`` it would be
+hypergeometric, with much less variance, and the correction would over-subtract. What it does not remove:
+the pool's own finite size (about 54 digits per class) is an error shared by every client that weights a
+class alike. The global test set is the union of the clients' test sets (every client counted equally).
 
 Batches:
 
@@ -66,10 +77,12 @@ class FederatedDataModule(PaperlabDataModule):
         n_clients: number of clients.
         alpha: Dirichlet concentration of the label skew (0.1: strongly non-IID).
         min_size: every client holds at least this many samples (the partition is redrawn until it does).
-        test_fraction: share of each client's samples in its local test set.
-        val_fraction: share of each client's remaining (training) samples held out as local validation;
-            0 uses the local test sets for validation too (the authors' practice; checkpoint selection then
-            sees the test data).
+        test_pool_fraction: share of every class held out (stratified, before partitioning) as the pool the
+            clients' test sets are drawn from.
+        client_test_size: test samples per client, drawn with replacement from the pool with the client's
+            label distribution (at least 2, for the noise-corrected spread).
+        val_fraction: share of each client's samples held out as local validation; 0 validates on the
+            clients' test sets (the authors' practice; checkpoint selection then sees the test data).
         partition_seed: seed of the partition and the local splits (None: the run's ``seed_everything``, so
             that seeds replicate over partitions too).
         rounds_per_epoch: federated rounds per training epoch (validation runs after each epoch).
@@ -85,7 +98,8 @@ class FederatedDataModule(PaperlabDataModule):
         n_clients: int = 20,
         alpha: float = 0.1,
         min_size: int = 10,
-        test_fraction: float = 0.2,
+        test_pool_fraction: float = 0.3,
+        client_test_size: int = 50,
         val_fraction: float = 0.1,
         partition_seed: int | None = None,
         rounds_per_epoch: int = 10,
@@ -99,13 +113,17 @@ class FederatedDataModule(PaperlabDataModule):
             raise ConfigError(f"n_clients must be at least 1, got {n_clients}")
         if not alpha > 0:
             raise ConfigError(f"alpha must be positive (the Dirichlet concentration), got {alpha}")
-        if not 0 < test_fraction < 1 or not 0 <= val_fraction < 1:
-            raise ConfigError(f"test_fraction must lie in (0, 1) and val_fraction in [0, 1), got {test_fraction}, {val_fraction}")
-        needed = 3 if val_fraction > 0 else 2
+        if not 0 < test_pool_fraction < 1 or not 0 <= val_fraction < 1:
+            raise ConfigError(
+                f"test_pool_fraction must lie in (0, 1) and val_fraction in [0, 1), got {test_pool_fraction}, {val_fraction}"
+            )
+        if client_test_size < 2:
+            raise ConfigError(f"client_test_size must be at least 2 (the noise correction needs it), got {client_test_size}")
+        needed = 2 if val_fraction > 0 else 1
         if min_size < needed:
             raise ConfigError(
-                f"min_size={min_size}: every client needs at least {needed} samples (local train, "
-                f"{'val, ' if val_fraction > 0 else ''}test); raise min_size"
+                f"min_size={min_size}: every client needs at least {needed} samples (local train"
+                f"{', val' if val_fraction > 0 else ''}); raise min_size"
             )
         if rounds_per_epoch < 1 or eval_batch_size < 1:
             raise ConfigError(f"rounds_per_epoch and eval_batch_size must be positive, got {rounds_per_epoch}, {eval_batch_size}")
@@ -113,7 +131,8 @@ class FederatedDataModule(PaperlabDataModule):
         self.n_clients = n_clients
         self.alpha = alpha
         self.min_size = min_size
-        self.test_fraction = test_fraction
+        self.test_pool_fraction = test_pool_fraction
+        self.client_test_size = client_test_size
         self.val_fraction = val_fraction
         self.fixed_partition_seed = partition_seed
         self.rounds_per_epoch = rounds_per_epoch
@@ -122,6 +141,8 @@ class FederatedDataModule(PaperlabDataModule):
         self.dataset_name = source
         self.splits: dict[str, tuple[Tensor, ...]] | None = None
         self.client_sizes: Tensor | None = None
+        self.pool_indices: Tensor | None = None
+        self.indices: dict[str, Tensor] = {}  # every split's rows of the source (test rows repeat: with replacement)
 
     # --- data ---------------------------------------------------------------------------------------------
 
@@ -145,25 +166,51 @@ class FederatedDataModule(PaperlabDataModule):
         mean, std = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1), torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
         return (x - mean) / std, torch.cat(ys)
 
-    def local_splits(self, indices: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-        """One client's ``(train, val, test)`` index sets from its samples (a seeded shuffle, then cuts)."""
+    def local_splits(self, indices: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """One client's ``(train, val)`` index sets from its samples (a seeded shuffle, then a cut)."""
         idx = indices[torch.randperm(len(indices), generator=generator)]
-        n_test = max(1, round(self.test_fraction * len(idx)))
-        rest = len(idx) - n_test
-        n_val = max(1, round(self.val_fraction * rest)) if self.val_fraction > 0 else 0
-        if rest - n_val < 1:
+        n_val = max(1, round(self.val_fraction * len(idx))) if self.val_fraction > 0 else 0
+        if len(idx) - n_val < 1:
             raise ConfigError(f"a client with {len(idx)} samples has none left to train on; raise min_size")
-        return idx[n_test + n_val :], idx[n_test : n_test + n_val], idx[:n_test]
+        return idx[n_val:], idx[:n_val]
+
+    def test_pool(self, y: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """``(pool, rest)``: a stratified ``test_pool_fraction`` of every class, and the other indices."""
+        pool, rest = [], []
+        for c in torch.unique(y).tolist():
+            idx = torch.nonzero(y == c).flatten()
+            idx = idx[torch.randperm(len(idx), generator=generator)]
+            k = round(self.test_pool_fraction * len(idx))
+            if not 0 < k < len(idx):
+                raise ConfigError(
+                    f"test_pool_fraction={self.test_pool_fraction} leaves class {c} ({len(idx)} samples) with an "
+                    "empty test pool or no training data; choose a fraction nearer 0.3"
+                )
+            pool.append(idx[:k])
+            rest.append(idx[k:])
+        return torch.cat(pool).sort().values, torch.cat(rest).sort().values
+
+    def client_test(self, labels: Tensor, pool_labels: Tensor, generator: torch.Generator) -> Tensor:
+        """``client_test_size`` positions in the pool, each drawn independently from the label distribution
+        of ``labels`` (the client's samples): probability ``pi(c) / |pool of class c|`` per pool sample."""
+        classes = int(max(int(labels.max()), int(pool_labels.max()))) + 1
+        share = torch.bincount(labels, minlength=classes).double() / len(labels)
+        per_class = torch.bincount(pool_labels, minlength=classes).double()
+        prob = share[pool_labels] / per_class[pool_labels]
+        return torch.multinomial(prob, self.client_test_size, replacement=True, generator=generator)
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits is not None:
             return
         x, y = self.load_source()
         gen = torch.Generator().manual_seed(self.partition_seed)
-        parts = dirichlet_partition(y, self.n_clients, self.alpha, self.min_size, generator=gen)
+        pool, rest = self.test_pool(y, gen)
+        parts = dirichlet_partition(y[rest], self.n_clients, self.alpha, self.min_size, generator=gen)
         train, val, test = [], [], []
-        for client, indices in enumerate(parts):
-            tr, va, te = self.local_splits(indices, gen)
+        for client, local in enumerate(parts):
+            indices = rest[local]
+            tr, va = self.local_splits(indices, gen)
+            te = pool[self.client_test(y[indices], y[pool], gen)]
             train.append(tr)
             val.append((va, torch.full((len(va),), client)))
             test.append((te, torch.full((len(te),), client)))
@@ -176,6 +223,8 @@ class FederatedDataModule(PaperlabDataModule):
             return x[idx], y[idx], torch.cat([p[1] for p in pieces]).long()
 
         self.client_sizes = sizes
+        self.pool_indices = pool
+        self.indices = {"train": tr_idx, "val": torch.cat([p[0] for p in val]), "test": torch.cat([p[0] for p in test])}
         self.splits = {"train": (x[tr_idx], y[tr_idx], offsets), "test": labelled(test)}
         self.splits["val"] = labelled(val) if self.val_fraction > 0 else self.splits["test"]
 

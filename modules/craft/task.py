@@ -39,7 +39,7 @@ from torchmetrics.utilities import dim_zero_cat
 
 from errors import ConfigError
 from modules.base import PaperTask, Stage, StepOutput
-from modules.components.metrics import Accuracy
+from modules.components.metrics import Accuracy, between_group_variance, noise_corrected_spread
 from modules.components.mlp import MLP
 from modules.craft.aggregation import craft_aggregate, fedavg_direction, layer_groups
 from modules.protocols import ClientRound
@@ -60,18 +60,29 @@ def round_seed(seed: int, rnd: int, client: int = -1) -> int:
 
 
 class ClientAccuracy(Metric):
-    """Per-client accuracy of the global model on ``(preds, target, client)``: mean, std and worst 10 %.
+    """Per-client accuracy of the global model on ``(preds, target, client)``: mean, spread and worst 10 %.
 
-    ``std`` is the population standard deviation over clients; ``worst10`` the mean accuracy of the
-    ``ceil(n / 10)`` clients with the lowest accuracy. Clients without evaluation samples are left out.
-    Samples are gathered across DDP ranks before the per-client counts are taken.
+    - ``mean``: the mean of the clients' accuracies; ``std`` their population standard deviation, which
+      includes each client's test-set sampling noise;
+    - ``noise_std``: the part of that spread the test sets alone explain, ``sqrt(mean p_i (1 - p_i) / (n_i - 1))``;
+    - ``var_corrected``: the between-client variance of the true accuracies, observed variance minus that
+      noise (``modules.components.metrics.between_group_variance``; unclipped, so that it averages without
+      bias over runs), and ``spread_corrected`` its square root clipped at 0, with ``spread_corrected_lo`` /
+      ``_hi`` a 95 % bootstrap interval over clients (2000 resamples, seed ``boot_seed``);
+    - ``worst10``: the mean accuracy of the ``ceil(n / 10)`` clients with the lowest accuracy.
+
+    Clients without evaluation samples are left out; clients with a single sample are left out of the
+    corrected spread (one sample says nothing about its own noise; the federated test sets have at least
+    ``client_test_size`` samples, so this only happens on small local validation sets). Samples are gathered
+    across DDP ranks before the per-client counts are taken.
     """
 
     full_state_update = False
     higher_is_better = True
 
-    def __init__(self) -> None:
+    def __init__(self, boot_seed: int = 0) -> None:
         super().__init__()
+        self.boot_seed = boot_seed
         self.add_state("client", default=[], dist_reduce_fx="cat")
         self.add_state("correct", default=[], dist_reduce_fx="cat")
 
@@ -79,23 +90,38 @@ class ClientAccuracy(Metric):
         self.client.append(client.long().reshape(-1))
         self.correct.append((preds == target).long().reshape(-1))
 
-    def per_client(self) -> Tensor:
-        """Accuracy of every client that has samples, in client order."""
+    def counts(self) -> tuple[Tensor, Tensor]:
+        """``(correct, total)`` of every client that has samples, in client order (float64)."""
         client, correct = dim_zero_cat(self.client), dim_zero_cat(self.correct)
         n = int(client.max()) + 1
-        total = torch.bincount(client, minlength=n)
+        total = torch.bincount(client, minlength=n).double()
         hits = torch.bincount(client, weights=correct.double(), minlength=n)
         has = total > 0
-        return hits[has] / total[has]
+        return hits[has], total[has]
+
+    def per_client(self) -> Tensor:
+        """Accuracy of every client that has samples, in client order."""
+        hits, total = self.counts()
+        return hits / total
 
     def compute(self) -> dict[str, Tensor]:
-        acc = self.per_client()
+        hits, total = self.counts()
+        acc = hits / total
         k = max(1, math.ceil(0.1 * acc.numel()))
-        return {
-            "mean": acc.mean().float(),
-            "std": acc.std(unbiased=False).float(),
-            "worst10": acc.sort().values[:k].mean().float(),
+        out = {
+            "mean": acc.mean(),
+            "std": acc.std(unbiased=False),
+            "worst10": acc.sort().values[:k].mean(),
         }
+        usable = total >= 2
+        if int(usable.sum()) >= 2:
+            h, n = hits[usable], total[usable]
+            p = h / n
+            out["noise_std"] = (p * (1 - p) / (n - 1)).mean().sqrt()
+            out["var_corrected"] = between_group_variance(h, n)
+            spread, lo, hi = noise_corrected_spread(h, n, seed=self.boot_seed)
+            out |= {"spread_corrected": spread, "spread_corrected_lo": lo, "spread_corrected_hi": hi}
+        return {key: value.float() for key, value in out.items()}
 
 
 class FederatedClassifier(PaperTask):
