@@ -97,6 +97,10 @@ def test_a_band_draws_its_share_of_points_and_the_layer_count_matches_the_mixtur
     counts = (calls.abs() <= half).sum(1).double()
     expected = (n - 512) * (2 * half) / 2.0 + 512 * (2 * half) / 0.6
     assert abs(counts.mean() - expected) < 4 * counts.std() / len(counts) ** 0.5, (counts.mean(), expected)
+    # an interval off-centre, across the band's edge: (n - k) 0.3 / 2 + k 0.15 / 0.6
+    off = ((calls >= 0.15) & (calls <= 0.45)).sum(1).double()
+    expected_off = (n - 512) * 0.3 / 2.0 + 512 * 0.15 / 0.6
+    assert abs(off.mean() - expected_off) < 4 * off.std() / len(off) ** 0.5, (off.mean(), expected_off)
     plain, banded = CollocationSampler(n=64, seed=2), CollocationSampler(n=64, seed=2, band=band, band_fraction=0.0)
     assert torch.equal(plain(), banded())
 

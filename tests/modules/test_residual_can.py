@@ -378,14 +378,14 @@ def test_layer_half_width_and_count_in_layer():
 
 def test_pinn_logs_layer_points_and_the_aligned_error_and_anchors_enter_the_boundary_term():
     """A network that is a shifted kink: the test step feeds the aligned metrics (shift s, aligned error 0); the
-    training step counts the points in |x| <= sqrt 2 eps; an anchor at 0 adds u(0) - u*(0) to the boundary errors."""
+    training step counts the points in |x| <= sqrt 2 eps; an anchor a adds u(a) - u*(a) to the boundary errors."""
     eps, s_true = 0.1, 0.3
 
     class Shifted(torch.nn.Module):
         def forward(self, x):
             return torch.tanh((x - s_true) / (math.sqrt(2) * eps))
 
-    m = CauchyPINN(eps=eps, net=functools.partial(MLP, hidden=[4]), anchors=[0.0]).double()
+    m = CauchyPINN(eps=eps, net=functools.partial(MLP, hidden=[4]), anchors=[0.05]).double()
     m.net = Shifted()
     x = torch.linspace(-1, 1, 4096, dtype=torch.float64)[:, None]
     out = m.step((x,), "test")
@@ -395,12 +395,33 @@ def test_pinn_logs_layer_points_and_the_aligned_error_and_anchors_enter_the_boun
     assert float(metric["layer_shift"].compute()) == pytest.approx(s_true, abs=1e-7)
     assert float(metric["rel_l2_aligned"].compute()) < 1e-6
     r, bc = m.terms(x)
-    assert bc.shape == (3,) and float(bc[2]) == pytest.approx(math.tanh(-s_true / (math.sqrt(2) * eps)))
+    w = math.sqrt(2) * eps
+    assert bc.shape == (3,) and float(bc[2]) == pytest.approx(math.tanh((0.05 - s_true) / w) - math.tanh(0.05 / w))
     train = m.step((x,), "train")
     assert train.inputs["layer_points"] == (int((x.abs() <= math.sqrt(2) * eps).sum()), 1)
     assert m.step((x,), "val").inputs["layer_shift"] is None
     with pytest.raises(ConfigError, match="anchors must lie inside"):
         CauchyPINN(anchors=[1.0])
+
+
+def test_eps_continuation_is_geometric_and_trains_on_the_annealed_problem():
+    """eps_k = eps_start (eps / eps_start)^min(1, k / K) (closed form at k = 0, K/2, K, 2K); the training step at
+    k solves the problem at eps_k (its boundary data tanh(1 / (sqrt 2 eps_k)) included), validation at eps."""
+    m = CauchyPINN(eps=0.01, eps_start=1.0, eps_anneal_steps=100, net=functools.partial(MLP, hidden=[4])).double()
+    assert [m.eps_at(k) for k in (0, 50, 100, 200)] == pytest.approx([1.0, 0.1, 0.01, 0.01], rel=1e-12)
+    assert CauchyPINN(eps=0.3, net=functools.partial(MLP, hidden=[4])).eps_at(7) == 0.3
+
+    class Zero(torch.nn.Module):
+        def forward(self, x):
+            return 0.0 * x**3  # u = 0, with a second derivative autograd can take
+
+    m.net = Zero()
+    x = torch.linspace(-1, 1, 11, dtype=torch.float64)[:, None]
+    # u = 0: the residual vanishes and the loss is w_bc * mean of the squared boundary data, tanh^2(1/(sqrt 2 eps_k))
+    assert m.step((x,), "train").loss.item() == pytest.approx(10.0 * math.tanh(1 / math.sqrt(2)) ** 2, rel=1e-12)
+    assert m.step((x,), "val").loss.item() == pytest.approx(10.0 * math.tanh(1 / (math.sqrt(2) * 0.01)) ** 2, rel=1e-12)
+    with pytest.raises(ConfigError, match="eps_anneal_steps > 0"):
+        CauchyPINN(eps=0.1, eps_start=1.0)
 
 
 # --- CLI ----------------------------------------------------------------------------------------------------
