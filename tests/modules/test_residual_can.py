@@ -250,6 +250,9 @@ def test_residual_can_and_the_silu_mlp_of_the_configs_are_within_ten_percent_par
     assert rcan_path == "modules.components.local_basis.ResidualCAN" and rcan_args.get("basis", "cauchy") == "cauchy"
     n_r, n_s = count_parameters(rcan.net), count_parameters(silu.net)
     assert abs(n_r - n_s) <= 0.1 * n_s, (n_r, n_s)
+    # by hand: main path 1 -> 32 -> 32 -> 1 with a CauchyAct (3 scalars) after each hidden layer: 64 + 1056 + 33
+    # + 6 = 1159; 32 nodes x (centre, width, b1, b2, logit) + the scale s: 161
+    assert n_r == 1159 + 161 == 1320
 
 
 def test_pinn_step_metrics_on_the_exact_solution():
@@ -425,8 +428,11 @@ def test_eps_continuation_is_geometric_and_trains_on_the_annealed_problem():
 
 
 # --- CLI ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_fit_and_test_through_the_cli(paperlab_tmp: Path):
-    """fit + test of the default experiment (the other configs run in tests/test_cli.py)."""
+    """fit + test of the default experiment and the metrics it logs (slow: the default suite's CLI fit + test of
+    this config is tests/test_cli.py's smoke test; the parameter count is checked without a fit below, the
+    metric names by the step tests above, the node diagnostics in tests/callbacks/test_activation_params.py)."""
     path = str(REPO / "configs/residual_can/allen_cahn.yaml")
     assert cli_main(["fit", "--config", path, *TINY]) == 0
     assert cli_main(["test", "--config", path, *TINY, "--ckpt_path", "last"]) == 0
