@@ -7,22 +7,30 @@ docstring for the equations).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
+from torchmetrics import Metric
 
 from errors import ConfigError
 from modules.base import PaperTask, Stage, StepOutput, WeightedMean
 from modules.components.local_basis import ResidualCAN
 from modules.components.metrics import count_parameters
 from modules.components.mlp import MLP
-from modules.components.pde import MaxAbsError, RelativeL2Error, check_points, make_problem, residual_loss
+from modules.components.pde import (
+    BoundaryValueProblem,
+    MaxAbsError,
+    RelativeL2Error,
+    check_points,
+    make_problem,
+    residual_loss,
+)
 from modules.components.supervised import NetFactory
 from modules.residual_can.figures import solution_figure
-from modules.residual_can.functional import check_eps, score_fp_residual
+from modules.residual_can.functional import best_shift, check_eps, count_in_layer, layer_half_width, score_fp_residual
 
 PAPER_ID = "000-02"
 
@@ -32,6 +40,35 @@ def autograd_on() -> Iterator[None]:
     """Autograd on inside validation/test (Lightning runs them under inference mode): residuals need u''."""
     with torch.inference_mode(False), torch.enable_grad():
         yield
+
+
+class ShiftAligned(Metric):
+    """The translate of the exact solution closest to ``u`` on the evaluation grid (``best_shift``): ``shift``
+    (where the network put the layer) or ``error`` (the relative L2 error after that shift).
+
+    ``update(u (N,), x (N, 1))``; the grid's points are gathered across ranks before the search over shifts in
+    the problem's interval.
+    """
+
+    full_state_update = False
+    higher_is_better = False
+
+    def __init__(self, pde: str, eps: float, output: Literal["shift", "error"]) -> None:
+        super().__init__()
+        self.pde, self.eps, self.output = pde, eps, output
+        self.add_state("u", default=[], dist_reduce_fx="cat")
+        self.add_state("x", default=[], dist_reduce_fx="cat")
+
+    def update(self, u: Tensor, x: Tensor) -> None:
+        self.u.append(u.detach().double().reshape(-1))
+        self.x.append(x.detach().double().reshape(-1))
+
+    def compute(self) -> Tensor:
+        u = torch.cat(self.u) if isinstance(self.u, list) else self.u
+        x = torch.cat(self.x) if isinstance(self.x, list) else self.x
+        problem = make_problem(self.pde, self.eps)
+        shift, error = best_shift(u, x, problem.exact, problem.low, problem.high)
+        return torch.tensor(shift if self.output == "shift" else error)
 
 
 class _FieldTask(PaperTask, abstract=True):
@@ -59,6 +96,11 @@ class _FieldTask(PaperTask, abstract=True):
 class CauchyPINN(_FieldTask):
     """A PINN ``u = net(x)`` for a 1-D boundary-value problem (see the package docstring).
 
+    Metrics besides the errors: ``train/layer_points``, the mean number of a step's collocation points inside
+    the transition layer (``layer_half_width``; Allen-Cahn and Burgers); at test ``layer_shift`` and
+    ``rel_l2_aligned``, the shift of the exact solution closest to ``u`` and the error after it
+    (``best_shift``): a misplaced but resolved layer has a small aligned error, an unresolved one does not.
+
     Args:
         net: the task network ``net(input_shape, 1)``: ``modules.components.local_basis.ResidualCAN`` (default;
             its ``basis`` swaps the Cauchy nodes for Gaussian bumps or removes them, ``activation`` its main
@@ -70,6 +112,13 @@ class CauchyPINN(_FieldTask):
         pde: ``allen_cahn``, ``poisson`` or ``burgers``.
         eps: Allen-Cahn's eps, Burgers' viscosity (unused by Poisson).
         bc_weight: w_bc of the Dirichlet term (always squared error).
+        anchors: interior points ``a`` where ``u(a) = u*(a)`` is imposed like the boundary values (same term,
+            same weight): ``[0.0]`` pins Allen-Cahn's layer at its centre, whose position the equation fixes
+            only through exponentially small boundary errors (a positive control, not the paper's method).
+        eps_start, eps_anneal_steps: eps continuation: training step k solves the problem at
+            ``eps_k = eps_start (eps / eps_start)^min(1, k / eps_anneal_steps)`` (geometric from ``eps_start`` to
+            ``eps``, boundary data included), then at ``eps``; validation and test always at ``eps``. None
+            (default): no continuation.
         plot: log a figure of u, u* and |u - u*| on the test grid.
         input_shape: one point's shape, ``(1,)`` (linked from the DataModule).
         optimizer, lr_scheduler: see ``PaperTask``; the scheduler steps once per optimiser step.
@@ -88,13 +137,18 @@ class CauchyPINN(_FieldTask):
         pde: Literal["allen_cahn", "poisson", "burgers"] = "allen_cahn",
         eps: float = 1.0,
         bc_weight: float = 10.0,
+        anchors: Sequence[float] = (),
+        eps_start: float | None = None,
+        eps_anneal_steps: int = 0,
         plot: bool = True,
         input_shape: tuple[int, ...] = (1,),
         optimizer: OptimizerCallable = lambda p: torch.optim.Adam(p, lr=1e-3),
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         metrics = {"rel_l2": RelativeL2Error(), "max_abs": MaxAbsError(), "residual_ms": WeightedMean(),
-                   "bc_ms": WeightedMean(), "pde_loss": WeightedMean()}
+                   "bc_ms": WeightedMean(), "pde_loss": WeightedMean(), "layer_points": WeightedMean(),
+                   "layer_shift": ShiftAligned(pde, eps, "shift"),
+                   "rel_l2_aligned": ShiftAligned(pde, eps, "error")}
         super().__init__(optimizer, lr_scheduler, metrics=metrics)
         if not loss_scale > 0:
             raise ConfigError(f"loss_scale (the Huber/Cauchy c) must be positive, got {loss_scale}")
@@ -103,7 +157,18 @@ class CauchyPINN(_FieldTask):
         if tuple(input_shape) != (1,):
             raise ConfigError(f"CauchyPINN solves 1-D problems: the data's points must be (N, 1), got input_shape "
                               f"{tuple(input_shape)}")
-        self.problem = make_problem(pde, check_eps(eps))
+        problem = make_problem(pde, check_eps(eps))
+        anchors = [float(a) for a in anchors]
+        if not all(problem.low < a < problem.high for a in anchors):
+            raise ConfigError(f"anchors must lie inside the domain ({problem.low}, {problem.high}), got {anchors}")
+        self.problem, self.anchors = problem, anchors
+        if eps_start is not None:
+            check_eps(eps_start)
+            if pde == "poisson" or eps_anneal_steps <= 0:
+                raise ConfigError(f"eps continuation needs pde allen_cahn or burgers and eps_anneal_steps > 0, got "
+                                  f"pde={pde}, eps_anneal_steps={eps_anneal_steps}")
+        self.pde, self.eps, self.eps_start, self.eps_anneal_steps = pde, float(eps), eps_start, eps_anneal_steps
+        self.layer_half_width = layer_half_width(pde, eps)
         self.loss_kind, self.loss_scale, self.bc_weight = loss, loss_scale, bc_weight
         self.plot = plot
         self.net = net(tuple(input_shape), 1)  # u is one value per point
@@ -113,11 +178,23 @@ class CauchyPINN(_FieldTask):
         """``u(x)`` for points ``(N, 1)``: ``(N,)``."""
         return self.net(x).reshape(-1)
 
-    def terms(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """The residual ``r (N,)`` at ``x`` and the boundary errors ``u(x_b) - g_b (2,)``."""
+    def eps_at(self, step: int) -> float:
+        """The eps training step ``step`` solves at (``eps`` itself without continuation)."""
+        if self.eps_start is None:
+            return self.eps
+        frac = min(1.0, step / self.eps_anneal_steps)
+        return self.eps_start * (self.eps / self.eps_start) ** frac
+
+    def terms(self, x: Tensor, problem: BoundaryValueProblem | None = None) -> tuple[Tensor, Tensor]:
+        """The residual ``r (N,)`` at ``x`` and the boundary (and anchor) errors ``u(x_b) - g_b (2 + anchors,)``
+        of ``problem`` (default: the task's)."""
+        problem = problem or self.problem
         check_points(x, "collocation points", dim=1)
-        r = self.problem.residual(self.u, x)
-        xb, gb = self.problem.boundary(x.dtype)
+        r = problem.residual(self.u, x)
+        xb, gb = problem.boundary(x.dtype)
+        if self.anchors:
+            xa = torch.tensor(self.anchors, dtype=x.dtype)[:, None]
+            xb, gb = torch.cat([xb, xa]), torch.cat([gb, problem.exact(xa)])
         xb, gb = xb.to(x.device), gb.to(x.device)
         return r, self.u(xb) - gb
 
@@ -125,9 +202,11 @@ class CauchyPINN(_FieldTask):
         points = batch[0] if isinstance(batch, list | tuple) else batch
         if stage == "train":
             (x,) = self._inputs(points)
-            r, bc = self.terms(x)
+            problem = None if self.eps_start is None else make_problem(self.pde, self.eps_at(self.global_step))
+            r, bc = self.terms(x, problem)
             loss = residual_loss(r, self.loss_kind, self.loss_scale) + self.bc_weight * bc.square().mean()
-            return StepOutput(loss, n=len(x))
+            in_layer = None if self.layer_half_width is None else (count_in_layer(x, self.layer_half_width), 1)
+            return StepOutput(loss, n=len(x), inputs={"layer_points": in_layer})
         with autograd_on():
             (x,) = self._inputs(points)
             r, bc = self.terms(x)
@@ -139,9 +218,11 @@ class CauchyPINN(_FieldTask):
             self._test_points.append((x.reshape(-1).cpu(), u.cpu(), u_star.cpu()))
         n = len(x)
         bc_ms = bc.square().mean()
+        aligned = (u, x) if stage == "test" and self.layer_half_width is not None else None
         return StepOutput(loss, n=n, preds=u, target=u_star, inputs={
             "residual_ms": (r.square().mean(), n), "bc_ms": (bc_ms, n),
-            "pde_loss": (r.square().mean() + self.bc_weight * bc_ms, n)})
+            "pde_loss": (r.square().mean() + self.bc_weight * bc_ms, n), "layer_points": None,
+            "layer_shift": aligned, "rel_l2_aligned": aligned})
 
     def on_test_epoch_end(self) -> None:
         super().on_test_epoch_end()

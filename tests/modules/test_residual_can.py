@@ -26,6 +26,7 @@ from modules.residual_can import (
     allen_cahn_residual,
     score_fp_residual,
 )
+from modules.residual_can.functional import best_shift, count_in_layer, layer_half_width
 from tests.helpers import REPO, TINY, runs_of
 
 X_SYM, T_SYM = sp.symbols("x t")
@@ -249,6 +250,9 @@ def test_residual_can_and_the_silu_mlp_of_the_configs_are_within_ten_percent_par
     assert rcan_path == "modules.components.local_basis.ResidualCAN" and rcan_args.get("basis", "cauchy") == "cauchy"
     n_r, n_s = count_parameters(rcan.net), count_parameters(silu.net)
     assert abs(n_r - n_s) <= 0.1 * n_s, (n_r, n_s)
+    # by hand: main path 1 -> 32 -> 32 -> 1 with a CauchyAct (3 scalars) after each hidden layer: 64 + 1056 + 33
+    # + 6 = 1159; 32 nodes x (centre, width, b1, b2, logit) + the scale s: 161
+    assert n_r == 1159 + 161 == 1320
 
 
 def test_pinn_step_metrics_on_the_exact_solution():
@@ -323,9 +327,112 @@ def test_bad_arguments_are_one_line_errors(capsys: pytest.CaptureFixture):
         m.step((x,), "train")
 
 
+# --- where the layer is: best_shift, the layer count, anchors -------------------------------------------------
+def _kink(eps: float):
+    return lambda x: torch.tanh(x.reshape(-1) / (math.sqrt(2) * eps))
+
+
+def _brute_force_shift(u: torch.Tensor, x: torch.Tensor, eps: float) -> tuple[float, float]:
+    """An independent reference: scipy's bounded scalar minimiser on the squared error, started from a plain
+    loop over 2,001 shifts (both in numpy)."""
+    import numpy as np
+    from scipy.optimize import minimize_scalar
+
+    un, xn = u.double().numpy(), x.reshape(-1).double().numpy()
+    ref = float(np.sum(np.tanh(xn / (np.sqrt(2) * eps)) ** 2))
+
+    def err(s: float) -> float:
+        return float(np.sum((un - np.tanh((xn - s) / (np.sqrt(2) * eps))) ** 2))
+
+    grid = np.linspace(-1, 1, 2001)
+    s0 = grid[int(np.argmin([err(s) for s in grid]))]
+    best = minimize_scalar(err, bounds=(s0 - 1e-3, s0 + 1e-3), method="bounded", options={"xatol": 1e-10})
+    return float(best.x), math.sqrt(best.fun / ref)
+
+
+@pytest.mark.parametrize(("eps", "s_true", "noise"), [(0.1, 0.2371, 0.0), (0.02, -0.5123, 0.0), (0.1, -0.0437, 0.05)])
+def test_best_shift_finds_the_translate_a_brute_force_search_finds(eps: float, s_true: float, noise: float):
+    """u = u*(x - s) (+ noise) on the 4,096-point grid: the shift and the aligned error agree with an independent
+    brute-force + scipy search; without noise the shift is s itself and the aligned error 0, while the plain
+    relative error is large."""
+    x = torch.linspace(-1, 1, 4096, dtype=torch.float64)[:, None]
+    g = torch.Generator().manual_seed(0)
+    u = _kink(eps)(x - s_true) + noise * torch.randn(4096, generator=g, dtype=torch.float64)
+    s, e = best_shift(u, x, _kink(eps))
+    s_ref, e_ref = _brute_force_shift(u, x, eps)
+    assert s == pytest.approx(s_ref, abs=1e-6) and e == pytest.approx(e_ref, rel=1e-6, abs=1e-6)
+    plain = float((u - _kink(eps)(x)).norm() / _kink(eps)(x).norm())
+    if noise == 0:
+        assert s == pytest.approx(s_true, abs=1e-7) and e < 1e-6 and plain > 0.2
+    else:
+        assert e < plain
+
+
+def test_layer_half_width_and_count_in_layer():
+    """The layer is |u*| <= tanh 1: Allen-Cahn |x| <= sqrt 2 eps, Burgers |x| <= 2 eps (checked on u*)."""
+    for pde, eps, exact in (("allen_cahn", 0.05, lambda x: math.tanh(x / (math.sqrt(2) * 0.05))),
+                            ("burgers", 0.05, lambda x: -math.tanh(x / (2 * 0.05)))):
+        w = layer_half_width(pde, eps)
+        assert abs(exact(w)) == pytest.approx(math.tanh(1.0), rel=1e-12)
+    assert layer_half_width("poisson", 1.0) is None
+    x = torch.tensor([[-0.2], [-0.1], [0.0], [0.05], [0.1], [0.3]])
+    assert count_in_layer(x, 0.1) == sum(abs(v) <= 0.1 for v in (-0.2, -0.1, 0.0, 0.05, 0.1, 0.3)) == 4
+
+
+def test_pinn_logs_layer_points_and_the_aligned_error_and_anchors_enter_the_boundary_term():
+    """A network that is a shifted kink: the test step feeds the aligned metrics (shift s, aligned error 0); the
+    training step counts the points in |x| <= sqrt 2 eps; an anchor a adds u(a) - u*(a) to the boundary errors."""
+    eps, s_true = 0.1, 0.3
+
+    class Shifted(torch.nn.Module):
+        def forward(self, x):
+            return torch.tanh((x - s_true) / (math.sqrt(2) * eps))
+
+    m = CauchyPINN(eps=eps, net=functools.partial(MLP, hidden=[4]), anchors=[0.05]).double()
+    m.net = Shifted()
+    x = torch.linspace(-1, 1, 4096, dtype=torch.float64)[:, None]
+    out = m.step((x,), "test")
+    metric = m.stage_metrics["test_"]
+    metric["layer_shift"].update(*out.inputs["layer_shift"])
+    metric["rel_l2_aligned"].update(*out.inputs["rel_l2_aligned"])
+    assert float(metric["layer_shift"].compute()) == pytest.approx(s_true, abs=1e-7)
+    assert float(metric["rel_l2_aligned"].compute()) < 1e-6
+    r, bc = m.terms(x)
+    w = math.sqrt(2) * eps
+    assert bc.shape == (3,) and float(bc[2]) == pytest.approx(math.tanh((0.05 - s_true) / w) - math.tanh(0.05 / w))
+    train = m.step((x,), "train")
+    assert train.inputs["layer_points"] == (int((x.abs() <= math.sqrt(2) * eps).sum()), 1)
+    assert m.step((x,), "val").inputs["layer_shift"] is None
+    with pytest.raises(ConfigError, match="anchors must lie inside"):
+        CauchyPINN(anchors=[1.0])
+
+
+def test_eps_continuation_is_geometric_and_trains_on_the_annealed_problem():
+    """eps_k = eps_start (eps / eps_start)^min(1, k / K) (closed form at k = 0, K/2, K, 2K); the training step at
+    k solves the problem at eps_k (its boundary data tanh(1 / (sqrt 2 eps_k)) included), validation at eps."""
+    m = CauchyPINN(eps=0.01, eps_start=1.0, eps_anneal_steps=100, net=functools.partial(MLP, hidden=[4])).double()
+    assert [m.eps_at(k) for k in (0, 50, 100, 200)] == pytest.approx([1.0, 0.1, 0.01, 0.01], rel=1e-12)
+    assert CauchyPINN(eps=0.3, net=functools.partial(MLP, hidden=[4])).eps_at(7) == 0.3
+
+    class Zero(torch.nn.Module):
+        def forward(self, x):
+            return 0.0 * x**3  # u = 0, with a second derivative autograd can take
+
+    m.net = Zero()
+    x = torch.linspace(-1, 1, 11, dtype=torch.float64)[:, None]
+    # u = 0: the residual vanishes and the loss is w_bc * mean of the squared boundary data, tanh^2(1/(sqrt 2 eps_k))
+    assert m.step((x,), "train").loss.item() == pytest.approx(10.0 * math.tanh(1 / math.sqrt(2)) ** 2, rel=1e-12)
+    assert m.step((x,), "val").loss.item() == pytest.approx(10.0 * math.tanh(1 / (math.sqrt(2) * 0.01)) ** 2, rel=1e-12)
+    with pytest.raises(ConfigError, match="eps_anneal_steps > 0"):
+        CauchyPINN(eps=0.1, eps_start=1.0)
+
+
 # --- CLI ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_fit_and_test_through_the_cli(paperlab_tmp: Path):
-    """fit + test of the default experiment (the other configs run in tests/test_cli.py)."""
+    """fit + test of the default experiment and the metrics it logs (slow: the default suite's CLI fit + test of
+    this config is tests/test_cli.py's smoke test; the parameter count is checked without a fit below, the
+    metric names by the step tests above, the node diagnostics in tests/callbacks/test_activation_params.py)."""
     path = str(REPO / "configs/residual_can/allen_cahn.yaml")
     assert cli_main(["fit", "--config", path, *TINY]) == 0
     assert cli_main(["test", "--config", path, *TINY, "--ckpt_path", "last"]) == 0
