@@ -141,6 +141,7 @@ class Diagnostic(Callback):
         self.active = True
         self._state_key: str | None = None
         self._batch: Any = None
+        self._fixed_batch: Any = None
         self._last_step = -1
 
     # --- what a subclass writes ---------------------------------------------------------------------------
@@ -261,6 +262,19 @@ class Diagnostic(Callback):
     def log_figure(self, trainer: L.Trainer, fig: Any, artifact: str) -> bool:
         """Log ``fig`` as ``artifact`` (for example ``figures/<name>.png``) through the one figure helper."""
         return log_figure(trainer, fig, artifact)
+
+    def fixed_batch(self, trainer: L.Trainer, moment: Moment) -> Any:
+        """The first validation batch, drawn once and kept, so that every measurement of a run sees the same
+        inputs; without a validation loader, the moment's batch (else the last training batch)."""
+        if self._fixed_batch is None:
+            loaders = getattr(trainer, "val_dataloaders", None)
+            try:
+                self._fixed_batch = next(iter(loaders)) if loaders is not None else None
+            except (TypeError, StopIteration):
+                self._fixed_batch = None
+        if self._fixed_batch is not None:
+            return self._fixed_batch
+        return moment.batch if moment.batch is not None else self._batch
 
     # --- Lightning hooks ------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -46,16 +46,9 @@ class FunctionPreservationCheck(Diagnostic):
             raise ConfigError(f"tolerance must be > 0 and max_rows >= 1, got {tolerance}, {max_rows}")
         self.tolerance = tolerance
         self.max_rows = max_rows
-        self._fixed: Any = None
 
     def _eval_batch(self, trainer: L.Trainer, moment: Moment) -> Any:
-        if self._fixed is None:
-            loaders = getattr(trainer, "val_dataloaders", None)
-            try:
-                self._fixed = next(iter(loaders)) if loaders is not None else None
-            except (TypeError, StopIteration):
-                self._fixed = None
-        batch = self._fixed if self._fixed is not None else (moment.batch if moment.batch is not None else self._batch)
+        batch = self.fixed_batch(trainer, moment)
         if batch is None:
             return None
         return tuple(t[: self.max_rows] if isinstance(t, torch.Tensor) else t for t in batch)

@@ -52,17 +52,10 @@ class RolloutPSNR(Diagnostic):
         if max_images < 1:
             raise ConfigError(f"max_images must be positive, got {max_images}")
         self.max_images = max_images
-        self._fixed: Any = None
         self.curves: list[dict[str, Any]] = []
 
     def _eval_batch(self, trainer: L.Trainer, moment: Moment) -> Any:
-        if self._fixed is None:
-            loaders = getattr(trainer, "val_dataloaders", None)
-            try:
-                self._fixed = next(iter(loaders)) if loaders is not None else None
-            except (TypeError, StopIteration):
-                self._fixed = None
-        batch = self._fixed if self._fixed is not None else (moment.batch if moment.batch is not None else self._batch)
+        batch = self.fixed_batch(trainer, moment)
         if batch is None:
             return None
         images = batch[0] if isinstance(batch, list | tuple) else batch

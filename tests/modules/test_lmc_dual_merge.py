@@ -195,7 +195,7 @@ def test_function_preservation_check_logs_the_modules_value() -> None:
     m = _aligner("dual")
     check = FunctionPreservationCheck(tolerance=1e-4)
     x = torch.randint(0, V, (4, T))
-    check._fixed = (x, x)
+    check._fixed_batch = (x, x)
     stats = check.measure(None, m, None)  # type: ignore[arg-type]
     assert stats["max_abs_diff"] == pytest.approx(m.function_preservation((x, x)))
     assert check.finalize(stats)["passed"] == 1.0
