@@ -468,7 +468,7 @@ class ByteDistillModule(CausalLMTask):
         win, start = s["token_win"][i_s], s["token_start"][i_s]
         ends = s["offset"].new_zeros(int(s["win"].max()) + 1 if s["win"].numel() else 0)
         ends = ends.scatter_reduce(0, s["win"], s["offset"] + 1, "amax")  # each window's end offset
-        same = torch.cat([win[1:] == win[:-1], win.new_ones(1, dtype=torch.bool)]) if win.numel() else win.bool()
+        same = torch.cat([win[1:] == win[:-1], win.new_zeros(1, dtype=torch.bool)]) if win.numel() else win.bool()
         nxt = torch.where(same, torch.cat([start[1:], start.new_zeros(1)]) if win.numel() else start, ends[win])
         return {
             "chunk_lengths": (nxt - start).float(),

@@ -229,3 +229,40 @@ def test_the_distillation_term_is_the_per_window_reference(loss: str) -> None:
                 want.append(divergence((t_p / t_p.sum())[None], (s_p / s_p.sum())[None], "fkl"))
     assert n == len(want) > 5
     assert got.item() == pytest.approx(torch.cat(want).mean().item(), rel=1e-4)
+
+
+def test_aligned_chunks_and_their_diagnostic() -> None:
+    from callbacks.aligned_chunks import AlignedChunkStats
+    from callbacks.diagnostic import Moment
+
+    torch.manual_seed(0)
+    v_s, v_t = _vocab(4, extra=40), _vocab(5, extra=90)
+    data = TEXT.encode("utf-8")
+    texts = [data[i : i + 24] for i in (0, 10, 33)]
+    s_batch, t_batch = _windows(texts, v_s, 24), _windows(texts, v_t, 24)
+    module = ByteDistillModule(
+        net=lambda shape, n: TinyGPT(shape, n, n_layer=1, n_head=1, n_embd=8),
+        teacher_net=lambda shape, n: TinyGPT(shape, n, n_layer=1, n_head=1, n_embd=8),
+        teacher_vocab=len(v_t),
+        input_shape=(24,),
+        num_classes=len(v_s),
+    )
+    module.set_vocabularies([v_s, v_t])
+    out = module.aligned_chunks((*s_batch, *t_batch))
+    want = []
+    for text in texts:  # common token starts after both first tokens, then chunks up to the window's end
+        starts = []
+        for vocab in (v_s, v_t):
+            ids = _greedy(text, vocab)
+            starts.append({sum(len(vocab[t]) for t in ids[:j]) for j in range(1, len(ids))})
+        common = sorted(starts[0] & starts[1])
+        want += [b - a for a, b in zip(common, [*common[1:], len(text)])]
+    assert out["chunk_lengths"].tolist() == want
+    n_inner = sum(len(v_s[t]) - 1 for text in texts for t in _greedy(text, v_s)[1:])  # inside target tokens
+    mass = out["boundary_mass_student"]
+    assert mass.numel() == n_inner and ((mass >= 0) & (mass <= 1)).all()
+    diag = AlignedChunkStats()
+    stats = diag.measure(None, module, Moment("after_step", 1, 0, (*s_batch, *t_batch)))  # type: ignore[arg-type]
+    values = diag.finalize(stats)
+    assert values["chunk_len_mean"] == pytest.approx(sum(want) / len(want)) and values["n_chunks"] == len(want)
+    assert values["boundary_mass_student"] == pytest.approx(mass.double().mean().item())
