@@ -50,11 +50,12 @@ def bytes_to_unicode() -> dict[int, str]:
 class BPETokenizer:
     """A trained byte-level BPE: ``encode(text) -> list[int]``, ``token_bytes`` per id, ``vocab_size``."""
 
-    def __init__(self, tokenizer: object) -> None:
+    def __init__(self, tokenizer: object, key: str = "") -> None:
         from tokenizers import Tokenizer
 
         assert isinstance(tokenizer, Tokenizer)
         self.tokenizer = tokenizer
+        self.key = key  # the cache key: what it was trained on, with which recipe
         byte_of = {c: b for b, c in bytes_to_unicode().items()}
         vocab = tokenizer.get_vocab(with_added_tokens=False)
         self.vocab_size = len(vocab)
@@ -114,7 +115,7 @@ def train_bpe(vocab_size: int, texts: Sequence[str]) -> BPETokenizer:
             tmp = path.with_suffix(f".tmp{os.getpid()}")
             tok.save(str(tmp))  # type: ignore[attr-defined]
             os.replace(tmp, path)
-    out = BPETokenizer(Tokenizer.from_file(str(path)))
+    out = BPETokenizer(Tokenizer.from_file(str(path)), key)
     if out.vocab_size != vocab_size:
         raise ConfigError(
             f"the training text supports only {out.vocab_size} BPE ids, not {vocab_size}; lower the vocabulary"

@@ -12,15 +12,19 @@ the whole window, which a cross-tokenizer loss needs (the next token's first byt
 
 A batch is the flat tuple ``(x_0, y_0, n_bytes_0, x_1, y_1, n_bytes_1, ...)`` in the order of
 ``tokenizer_vocabs``. The tokenizers are trained on the whole train split (before ``train_chars`` cuts it),
-so a tokenizer does not change with the training budget.
+so a tokenizer does not change with the training budget. Encoded windows are cached beside the tokenizers
+(``$PAPERLAB_CACHE_DIR/bpe/windows/``), keyed on the text, the tokenizers and the window width.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import torch
 
 from datamodules.base import Split
-from datamodules.bpe import BPETokenizer, train_bpe
+from datamodules.bpe import BPETokenizer, cache_dir, train_bpe
 from datamodules.text import CharTextDataModule, encode
 from errors import ConfigError
 
@@ -76,9 +80,16 @@ class BPETextDataModule(CharTextDataModule):
         self.tokenizer_vocabs = [int(v) for v in tokenizer_vocabs]
         self.window_bytes = window_bytes
         self._tokenizers: list[BPETokenizer] | None = None
+        self._documents: dict[str, list[str]] | None = None
         self._lengths: list[int] | None = None
         if hub_id is not None:
             self.dataset_name = f"{hub_id} (bpe)"
+
+    def split_documents(self) -> dict[str, list[str]]:
+        """The parent's split documents, read once (the tokenizers and the streams both need them)."""
+        if self._documents is None:
+            self._documents = super().split_documents()
+        return self._documents
 
     @property
     def tokenizers(self) -> list[BPETokenizer]:
@@ -97,6 +108,14 @@ class BPETextDataModule(CharTextDataModule):
                 raise ConfigError(f"the {name} split has fewer than {w} bytes; lower window_bytes")
             raw = stream[: n_win * w].to(torch.uint8).numpy().tobytes().decode("ascii")
             texts[name] = [raw[i * w : (i + 1) * w] for i in range(n_win)]
+        digest = hashlib.sha256(f"{w}|{'|'.join(t.key for t in self.tokenizers)}".encode())
+        for name in ("train", "val", "test"):
+            digest.update("".join(texts[name]).encode("ascii") + b"\0")
+        path = cache_dir() / "windows" / f"{digest.hexdigest()[:24]}.pt"
+        if path.is_file():  # the windows of this text, these tokenizers and this width, encoded before
+            cached = torch.load(path, weights_only=True)
+            self._lengths = cached["lengths"]
+            return {name: tuple(cached[name]) for name in ("train", "val", "test")}
         encoded = {name: [tok.encode_batch(t) for tok in self.tokenizers] for name, t in texts.items()}
         self._lengths = [
             max(len(ids) for name in encoded for ids in encoded[name][k]) for k in range(len(self.tokenizers))
@@ -116,7 +135,15 @@ class BPETextDataModule(CharTextDataModule):
                     n_bytes[i] = w - len(spelled[ids[0]])
                 tensors += [x, y, n_bytes]
             out[name] = tuple(tensors)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save({"lengths": self._lengths, **{name: list(t) for name, t in out.items()}}, tmp)
+        os.replace(tmp, path)
         return out
+
+    def token_bytes(self) -> list[list[bytes]]:
+        """``modules.protocols.ProvidesTokenBytes``: each tokenizer's byte string per id."""
+        return [tok.token_bytes for tok in self.tokenizers]
 
     @property
     def token_lengths(self) -> list[int]:

@@ -136,3 +136,19 @@ class FunctionPreservation(Protocol):
     (0 for an exactly function-preserving transform, up to rounding)."""
 
     def function_preservation(self, batch: Any) -> float: ...
+
+
+@runtime_checkable
+class ProvidesTokenBytes(Protocol):
+    """Token data (``datamodules.bpe_text``): the byte string of every id of each tokenizer, in the batch's order."""
+
+    def token_bytes(self) -> list[list[bytes]]: ...
+
+
+@runtime_checkable
+class AlignedChunks(Protocol):
+    """Cross-tokenizer distillation: on a batch, ``{"chunk_lengths": (n,) bytes between consecutive offsets
+    where both tokenizations start a token, "boundary_mass_teacher" / "boundary_mass_student": (m,) the
+    token-ending mass fraction at each inside-token byte}``."""
+
+    def aligned_chunks(self, batch: Any) -> dict[str, Tensor]: ...
