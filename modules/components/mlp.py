@@ -50,6 +50,7 @@ class MLP(nn.Module):
                 f"MLP sizes must be positive: in={in_shape}, hidden={list(hidden)}, out_dim={out_dim}"
             )
         self.in_dim = in_dim
+        self.activation_name = activation
         layers: list[nn.Module] = []
         width = in_dim
         for h in hidden:
