@@ -37,11 +37,11 @@ def test_affine_layers_rebuild_the_function_in_parameter_order() -> None:
 
 def test_random_mlp_is_seeded_and_has_the_stated_variance() -> None:
     a, b, c = random_mlp([400, 300, 2], seed=1), random_mlp([400, 300, 2], seed=1), random_mlp([400, 300, 2], seed=2)
-    wa = affine_layers(a)[0][0]
+    wa = affine_layers(a)[0][0].detach()
     assert torch.equal(wa, affine_layers(b)[0][0]) and not torch.equal(wa, affine_layers(c)[0][0])
     # N(0, scale^2 / fan_in): var * fan_in = 1 within Monte Carlo error (120k draws, sd of the estimate ~0.004)
     assert abs(float(wa.var()) * 400 - 1) < 0.02
-    assert float(affine_layers(random_mlp([400, 300, 2], seed=1, scale=2.0))[0][0].var()) * 400 == pytest.approx(
+    assert float(affine_layers(random_mlp([400, 300, 2], seed=1, scale=2.0))[0][0].detach().var()) * 400 == pytest.approx(
         4 * float(wa.var()) * 400, rel=1e-10)
     assert torch.count_nonzero(affine_layers(a)[0][1]) == 0 and wa.dtype == torch.float64
 
