@@ -47,9 +47,18 @@ from sweeps.stats import (
     welch,
 )
 
+# Metrics where lower is better: losses and errors, bits per byte/char, barriers, divergences, times, counts of
+# queries or violations. Anything else (accuracy, PSNR, R^2, throughput) is best at its maximum.
+LOWER_IS_BETTER = re.compile(
+    r"loss|err|nll|perplexity|ppl|mse|mae|bpb|bpc|barrier|(^|[/_])kl($|[/_])|divergence|seconds|time_to|"
+    r"queries|violation|regret",
+    re.I,
+)
+
 
 def default_mode(metric: str) -> str:
-    return "min" if re.search(r"loss|err|nll|perplexity|ppl|mse|mae", metric, re.I) else "max"
+    """``min`` for a metric where lower is better (by its name), else ``max``; ``--mode`` overrides it."""
+    return "min" if LOWER_IS_BETTER.search(metric) else "max"
 
 
 def compare(

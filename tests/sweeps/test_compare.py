@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 from main import cli_main
-from sweeps.compare import compare
+from sweeps.compare import compare, default_mode
 from sweeps.spec import SweepError
 
 
@@ -293,3 +293,13 @@ def test_baseline_gives_the_paired_difference_and_welch_test_printed_and_in_the_
     assert [float(row[k]) for k in ("welch_t", "welch_df", "welch_p")] == pytest.approx(
         [welch.statistic, welch.df, welch.pvalue])
     assert math.isnan(float(rows[("frac", "1800")]["welch_t"]))
+
+
+@pytest.mark.parametrize(
+    ("metric", "mode"),
+    [("val/loss", "min"), ("test/bpb", "min"), ("val/barrier", "min"), ("test/kl/exact", "min"),
+     ("diag/certificate/queries", "min"), ("test/time_to_target", "min"), ("test/acc", "max"),
+     ("test/psnr", "max"), ("test/r2", "max"), ("train/skill", "max")],
+)
+def test_default_mode_knows_which_metrics_are_best_low(metric: str, mode: str) -> None:
+    assert default_mode(metric) == mode
