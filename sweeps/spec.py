@@ -19,7 +19,6 @@ A *point* is one set of swept values times one seed: one child run.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import hashlib
 import io
 import itertools
@@ -31,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from cli_messages import config_keys
+from cli_messages import config_keys, suggest_key
 from errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -139,8 +138,10 @@ class SweepSpec:
 
 
 def _suggest(key: str, candidates: list[str]) -> str:
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    """`` (did you mean '<key>'?)`` with the command line's guess (a key one level deeper, the closest
+    spelling), or nothing."""
+    close = suggest_key(key, candidates)
+    return f" (did you mean '{close}'?)" if close else ""
 
 
 def _resolve_base(base: str, sweep_path: Path | None) -> Path:
