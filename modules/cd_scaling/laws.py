@@ -18,6 +18,7 @@ claim's counts as metrics, the per-run and per-cell tables and two figures as ar
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -236,6 +237,7 @@ def figures(result: LawsResult) -> dict[str, Any]:
 def log_result(client: Any, experiment: str, result: LawsResult, params: dict[str, str]) -> str:
     """Log ``result`` as a FINISHED run ``fit_laws`` of ``experiment``; returns its run id."""
     import matplotlib.pyplot as plt
+    from mlflow.entities import Metric, Param
 
     from tracking.config_artifact import git_state
     from tracking.tables import table_csv
@@ -246,8 +248,6 @@ def log_result(client: Any, experiment: str, result: LawsResult, params: dict[st
     run = client.create_run(exp_id, run_name="fit_laws", tags=tags)
     run_id = run.info.run_id
     try:
-        for k, v in params.items():
-            client.log_param(run_id, k, v)
         metrics: dict[str, float] = {f"law/{k}": v for k, v in result.law.params.items()}
         metrics["law/rmse"] = result.law.rmse
         metrics.update({f"cd/{k}": v for k, v in result.cd.params.items()})
@@ -257,8 +257,12 @@ def log_result(client: Any, experiment: str, result: LawsResult, params: dict[st
             metrics[f"eta_bar/{key}"] = c["eta_bar"]
             metrics[f"eta_bar_cd/{key}"] = c["eta_bar_cd"]
         metrics.update({f"claim/{k}": v for k, v in result.claims.items()})
-        for k, v in metrics.items():
-            client.log_metric(run_id, k, float(v) if math.isfinite(v) else float("nan"))
+        now = int(time.time() * 1000)
+        client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+            params=[Param(k, v) for k, v in params.items()],
+        )
         client.log_text(run_id, table_csv(result.runs), "tables/runs.csv")
         client.log_text(run_id, table_csv(result.cells), "tables/cells.csv")
         for path, fig in figures(result).items():
