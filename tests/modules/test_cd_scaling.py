@@ -121,7 +121,7 @@ def _planted_runs() -> tuple[list[ScalingRun], list[ScalingRun]]:
     anchors = [ScalingRun(f"a{n:.0f}_{u}", n, u, u, float(LAW.predict(n, u))) for n in SIZES
                for u in (32_768.0, 65_536.0, 131_072.0, 262_144.0, 524_288.0)]
     repeat = [ScalingRun(f"r{n:.0f}_{u}_{e}", n, u, u * e, float(PLANTED.predict(n, u, u * e))) for n in SIZES
-              for u in (32_768.0, 131_072.0) for e in (2, 4, 8)]
+              for u in (32_768.0, 65_536.0) for e in (2, 4, 8)]
     return anchors, repeat
 
 
@@ -160,7 +160,7 @@ def test_fit_laws_recovers_a_planted_law_from_mlflow_runs(paperlab_tmp: Any, cap
     assert m["claim/rmse_reduction_cd_vs_constant"] > 0.99
     # eta_bar measured by inverting the law equals the planted form's in every cell
     for n in SIZES:
-        for u in (32_768, 131_072):
+        for u in (32_768, 65_536):
             for e in (2, 4, 8):
                 key = f"N{n:.0f}_U{u}_ep{e}"
                 assert m[f"eta_bar/{key}"] == pytest.approx(float(PLANTED.eta_bar(n, u, u * e)), rel=1e-4)
