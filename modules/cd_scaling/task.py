@@ -106,9 +106,10 @@ class CDScalingLM(CausalLMTask):
     # --- the schedule ------------------------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer_factory(self.optimizer_parameters())
-        total = int(self.trainer.estimated_stepping_batches)
-        if total < 1 or not math.isfinite(total):
-            raise ConfigError("CDScalingLM needs a finite run: set trainer.max_epochs (or max_steps)")
+        steps = self.trainer.estimated_stepping_batches
+        if not math.isfinite(steps) or steps < 1:
+            raise ConfigError("CDScalingLM anneals over the whole run: set trainer.max_epochs (or max_steps) to a finite value")
+        total = int(steps)
         warmup = max(1, round(self.warmup_fraction * total))
         final = self.final_lr_fraction
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, total, warmup, final))

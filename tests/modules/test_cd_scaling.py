@@ -227,3 +227,11 @@ def test_claims_counts_against_a_naive_reading() -> None:
     assert falling >= 1 and halved >= 1
     assert out["cells_lower_at_largest_N"] == lower and out["cells_U_epochs"] == 6
     assert out["rmse_reduction_cd_vs_constant"] == pytest.approx(0.75)
+
+
+def test_an_endless_run_has_no_schedule(paperlab_tmp: Any) -> None:
+    dm = CharTextDataModule(block_size=BLOCK, max_chars=60_000, batch_size=16, train_chars=U_CHARS)
+    trainer = L.Trainer(max_epochs=-1, max_steps=-1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    with pytest.raises(ConfigError, match="max_epochs"):
+        trainer.fit(CDScalingLM(net=_tiny, input_shape=(BLOCK,), num_classes=128), dm)
