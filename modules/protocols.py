@@ -152,3 +152,11 @@ class AlignedChunks(Protocol):
     token-ending mass fraction at each inside-token byte}``."""
 
     def aligned_chunks(self, batch: Any) -> dict[str, Tensor]: ...
+
+
+@runtime_checkable
+class TokenBudget(Protocol):
+    """Data-constrained scaling runs: ``{"n_params": N (non-embedding), "unique": U (distinct training tokens),
+    "seen": D (training tokens processed so far)}``, on this rank."""
+
+    def token_budget(self) -> dict[str, int]: ...
