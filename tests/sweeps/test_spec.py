@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -125,7 +126,9 @@ def test_unknown_override_key_is_rejected_before_any_run(
     sweep = write_sweep(paperlab_tmp, grid={"model.init_args.activaton": ["relu", "tanh"]}, seeds=[0])
     assert cli_main(["sweep", "--config", str(sweep)]) == 101
     err = capsys.readouterr().err
-    assert "'model.init_args.activaton'" in err and "did you mean 'model.init_args.net.init_args.activation'" in err
+    # either spelling of the real key is one the CLI takes; which one depends on the printed base config's form
+    assert "'model.init_args.activaton'" in err
+    assert re.search(r"did you mean 'model\.(init_args\.)?net\.(init_args\.)?activation'", err)
     assert "Traceback" not in err
     assert runs_of("mlp_classifier") == []
     assert not (paperlab_tmp / "checkpoints").exists()
