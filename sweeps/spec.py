@@ -366,10 +366,12 @@ def check_keys(keys: list[str], resolved: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def canonicalize(spec: SweepSpec) -> dict[str, Any]:
+def canonicalize(spec: SweepSpec, resolved: dict[str, Any] | None = None) -> dict[str, Any]:
     """Rewrite the spec's override keys into the base config's full form (in place, before ``expand``), so
-    that ``model.lr`` and ``model.init_args.lr`` are one key; return the base's resolved config."""
-    resolved = print_config(spec.base)
+    that ``model.lr`` and ``model.init_args.lr`` are one key; return the base's resolved config
+    (``resolved``: that config, already printed, for a caller that checks several sweeps of one base)."""
+    if resolved is None:
+        resolved = print_config(spec.base)
     names = check_keys(spec.override_keys(), resolved)
     for mapping in (spec.grid, spec.overrides, *spec.points):
         seen: dict[str, str] = {}

@@ -158,6 +158,7 @@ def test_nan_loss_stops_names_the_step_fails_the_run_and_keeps_the_last_good_che
     assert all(torch.isfinite(v).all() for v in last["state_dict"].values())
 
 
+@pytest.mark.slow  # the default suite's Ctrl-C check is tests/test_summary.py's, with these asserts and more
 def test_ctrl_c_marks_the_run_killed_and_writes_a_checkpoint(paperlab_tmp: Path) -> None:
     stopper = paperlab_tmp / "stopper.yaml"
     stopper.write_text(yaml.safe_dump({"trainer": {"callbacks": [

@@ -88,7 +88,16 @@ SMOKE_CONFIGS = [_default_config(m) for m in sorted({c.parent.name for c in EXPE
 SMOKE_METRICS: dict[str, set[str]] = {
     "frac_ssm": {"test/acc", "test/acc_lag1_32", "test/acc_lag32_256", "test/acc_lag256_1024", "train/alpha_mean",
                  "diag/kernel_shape/loglog_r2", "diag/kernel_shape/semilog_r2"},
+    "craft": {"test/acc", "test/client_acc_mean", "test/client_acc_std", "test/client_acc_worst10",
+              "test/client_acc_noise_std", "test/client_acc_var_corrected", "test/client_acc_spread_corrected",
+              "test/client_acc_spread_corrected_lo", "test/client_acc_spread_corrected_hi",
+              "diag/client_conflict/rate", "diag/client_conflict/layer_rate_avg"},
 }
+# What a smoke run's values and tags must be, where they say the method ran as itself
+SMOKE_VALUES: dict[str, dict[str, float]] = {
+    "craft": {"diag/client_conflict/rate": 0.0, "diag/client_conflict/layer_rate_avg": 0.0},  # CRAFT: no conflict
+}
+SMOKE_TAGS: dict[str, dict[str, str]] = {"craft": {"paper_id": "000-04", "dataset": "digits"}}
 
 
 def smoke_overrides(method: str) -> list[str]:
@@ -108,6 +117,10 @@ def test_smoke_fit_then_test(config: Path, paperlab_tmp: Path, capsys: pytest.Ca
     if run is not None:
         missing = SMOKE_METRICS.get(method, set()) - set(run.data.metrics)
         assert not missing, f"{method}: the smoke run did not log {sorted(missing)}"
+        for key, value in SMOKE_VALUES.get(method, {}).items():
+            assert run.data.metrics[key] == value, (method, key, run.data.metrics[key])
+        for key, value in SMOKE_TAGS.get(method, {}).items():
+            assert run.data.tags[key] == value, (method, key, run.data.tags[key])
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
+import torch
 
 from lightning_cli import PaperlabCLI, PaperlabProgressBar, command_overrides, train_description
 from main import cli_main
@@ -96,6 +97,9 @@ def test_ctrl_c_prints_killed_with_the_command_that_resumes_and_exits_130(paperl
     assert args[-4:] == ["--run.name", f"{base} #2", "--ckpt_path", "last"], resume
     killed = next(r for r in runs_of("mlp_classifier") if r.info.run_name == f"{base} #2")
     assert killed.info.status == "KILLED"
+    # the checkpoint written at the interrupt holds the step it names; the epoch-end one is kept beside it
+    assert torch.load(paperlab_tmp / folder / "interrupted.ckpt", weights_only=False)["global_step"] == 25
+    assert (paperlab_tmp / folder / "last.ckpt").is_file()
 
     assert cli_main(args) == 0  # the printed command resumes the interrupted run, not a new one
     runs = {r.info.run_name: r for r in runs_of("mlp_classifier")}

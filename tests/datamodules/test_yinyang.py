@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.yinyang import YinYangDataModule, generate_yinyang
+from datamodules.yinyang import YinYangDataModule, _walk_stream, generate_yinyang
 
 
 def _reference_yinyang(size: int, seed: int, r_small: float = 0.1, r_big: float = 0.5):
@@ -36,6 +36,32 @@ def test_matches_reference_procedure(seed: int) -> None:
     rx, ry = _reference_yinyang(400, seed)
     np.testing.assert_array_equal(x, rx)
     np.testing.assert_array_equal(y, ry)
+
+
+@pytest.mark.parametrize("size", [1, 2, 37])
+def test_small_sizes_match_reference_procedure(size: int) -> None:
+    x, y = generate_yinyang(size, 3)
+    rx, ry = _reference_yinyang(size, 3)
+    np.testing.assert_array_equal(x, rx)
+    np.testing.assert_array_equal(y, ry)
+
+
+def test_a_too_short_word_stream_is_detected() -> None:
+    """The block of words drawn at once may run out: the walk says so (then a longer block is drawn)."""
+    assert _walk_stream(200, 42, 64, 0.1, 0.5) is None
+    xs, ys, labels = _walk_stream(200, 42, 200 * 36, 0.1, 0.5)
+    rx, ry = _reference_yinyang(200, 42)
+    np.testing.assert_array_equal(np.stack([xs, ys], axis=1), rx[:, :2])
+    np.testing.assert_array_equal(labels, ry)
+
+
+@pytest.mark.slow  # the reference loop takes about 5 s for the 7000 samples
+def test_default_splits_match_reference_procedure() -> None:
+    for size, seed in ((5000, 42), (1000, 41), (1000, 40)):
+        x, y = generate_yinyang(size, seed)
+        rx, ry = _reference_yinyang(size, seed)
+        np.testing.assert_array_equal(x, rx)
+        np.testing.assert_array_equal(y, ry)
 
 
 def test_determinism_balance_and_features() -> None:

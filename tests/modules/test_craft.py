@@ -269,6 +269,7 @@ def test_clients_per_round_above_n_clients_fails_at_the_first_round() -> None:
 
 
 # --- CLI and DDP --------------------------------------------------------------------------------------------
+@pytest.mark.slow  # the same fit + test is tests/test_cli.py's smoke run of craft, which checks these metrics too
 def test_fit_and_test_through_the_cli(paperlab_tmp: Path) -> None:
     config = str(CONFIGS / "digits_craft.yaml")
     assert cli_main(["fit", "--config", config, *TINY]) == 0
