@@ -306,7 +306,7 @@ class ScaleBITSQuantizer(PaperTask):
     paper_id = "004-09"
     monitor = "val/bpb"
     monitor_mode = "min"
-    summary_metrics = ("test/bpb", "test/bpb_fp", "test/avg_bits")
+    summary_metrics = ("val/bpb_fp", "val/bpb_increase", "val/avg_bits")
 
     def __init__(
         self,
