@@ -172,6 +172,20 @@ def test_prepare_reorders_without_changing_the_fp_model() -> None:
     assert bool(m.ready) and not bool(m.done) and 0 < float(m.gini) < 1
 
 
+def test_quantized_state_puts_every_tile_at_its_own_width() -> None:
+    m = quantizer(reorder="none")
+    alloc = torch.randint(2, 5, m.alloc.shape, generator=torch.Generator().manual_seed(3))
+    state = m.quantized_state(alloc)
+    params = dict(m.net.named_parameters())
+    for t in m.layout:
+        w = params[t.name].detach()
+        for r in range(t.rows):
+            for c in range(t.cols):
+                bits = int(alloc[t.offset + r * t.cols + c])
+                rows, cols = slice(16 * r, 16 * (r + 1)), slice(16 * c, 16 * (c + 1))
+                assert torch.equal(state[t.name][rows, cols], quantize_rtn(w[rows, cols], bits, 16))
+
+
 def calib_loss(m: ScaleBITSQuantizer, alloc: torch.Tensor) -> float:
     with torch.no_grad():
         return float(sum(F.cross_entropy(m.quantized_logits(x, alloc).flatten(0, 1), y.flatten()) for x, y in m.calib))
