@@ -37,7 +37,8 @@ class HyperINRTask(PaperTask):
     by default; a single-pass net has K = 1). Metrics: ``psnr`` (the last step's per-image PSNR, averaged
     over images; the checkpoint monitor), ``mse``, ``psnr_step<k>`` for k = 1..K and, in validation and
     test, ``psnr_mean_colour``: the PSNR of each image rendered as its own mean colour (the per-channel mean
-    over its pixels), the floor a reconstruction must clear to show any structure.
+    over its pixels), the floor a reconstruction must clear to show any structure, and
+    ``psnr_over_mean_colour`` = ``psnr - psnr_mean_colour`` (both averaged over the same images).
 
     Args:
         net: the hypernetwork, ``net(input_shape, out_dim) -> HyperINRNet`` (``class_path`` of
@@ -134,9 +135,14 @@ class HyperINRTask(PaperTask):
         return StepOutput(loss, n=n, inputs=inputs)
 
     def extra_epoch_metrics(self, stage: Stage, values: dict[str, Tensor]) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        psnr_key, floor_key = f"{stage}/psnr", f"{stage}/psnr_mean_colour"
+        if psnr_key in values and floor_key in values:
+            # the margin over the floor as a metric of its own, so that compare gives it an interval per seed
+            out[f"{stage}/psnr_over_mean_colour"] = values[psnr_key] - values[floor_key]
         if stage == "test":
-            return {"test/n_params": torch.tensor(float(count_parameters(self.net)))}
-        return {}
+            out["test/n_params"] = torch.tensor(float(count_parameters(self.net)))
+        return out
 
 
 __all__ = ["PAPER_ID", "HyperINRFactory", "HyperINRTask"]

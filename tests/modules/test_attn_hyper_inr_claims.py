@@ -17,6 +17,7 @@ from sweeps.compare import compare
 from tests.helpers import REPO, client
 
 SWEEP = REPO / "configs/attn_hyper_inr/compare_sweep.yaml"
+SWEEP16 = REPO / "configs/attn_hyper_inr/compare16_sweep.yaml"  # the same arms on 16 x 16 images, 500 steps
 # how the runs record model.net.class_path: jsonargparse writes a class's shortest import path, the package's
 # re-export, whatever path the sweep file gives
 OURS, BASE = "modules.attn_hyper_inr.AttnOptHyperINR", "modules.attn_hyper_inr.TransINRBaseline"
@@ -46,15 +47,19 @@ def test_checks_accept_the_claims_and_refuse_their_negations() -> None:
         check_non_decreasing([15.0, 16.0, 15.9])
 
 
-def test_the_sweep_compares_sizes_matched_within_ten_percent() -> None:
-    """The arms of compare_sweep.yaml, as configured there (the sizes are a property of the configs)."""
+@pytest.mark.parametrize("sweep", [SWEEP, SWEEP16], ids=lambda p: p.stem)
+def test_the_sweep_compares_sizes_matched_within_ten_percent(sweep) -> None:
+    """The arms of each claim sweep, as configured there, on its images (the sizes are a property of the
+    configs)."""
     import yaml
 
-    points = yaml.safe_load(SWEEP.read_text())["points"]
+    spec = yaml.safe_load(sweep.read_text())
+    side = spec.get("overrides", {}).get("data.init_args.size", IMAGE[1])
+    image = (IMAGE[0], side, side)
     nets = {p["model.init_args.net"]["class_path"].rsplit(".", 1)[1]: p["model.init_args.net"]["init_args"]
-            for p in points}
-    ours = count_parameters(AttnOptHyperINR(IMAGE, IMAGE[0], **nets["AttnOptHyperINR"]))
-    base = count_parameters(TransINRBaseline(IMAGE, IMAGE[0], **nets["TransINRBaseline"]))
+            for p in spec["points"]}
+    ours = count_parameters(AttnOptHyperINR(image, image[0], **nets["AttnOptHyperINR"]))
+    base = count_parameters(TransINRBaseline(image, image[0], **nets["TransINRBaseline"]))
     assert abs(base - ours) <= 0.10 * ours, (ours, base)
 
 
