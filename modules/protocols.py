@@ -152,3 +152,11 @@ class AlignedChunks(Protocol):
     token-ending mass fraction at each inside-token byte}``."""
 
     def aligned_chunks(self, batch: Any) -> dict[str, Tensor]: ...
+
+
+@runtime_checkable
+class AffineLayers(Protocol):
+    """Feedforward nets analysed layer by layer (paper 002-05): ``[(W_i, b_i)]`` input to output, ``W_i`` in
+    ``nn.Linear``'s layout ``(n_{i+1}, n_i)``, with activations whose slopes lie in [0, 1] between them."""
+
+    def affine_layers(self) -> list[tuple[Tensor, Tensor]]: ...

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -386,7 +386,9 @@ def lipsdp_bound(
 
 
 # --- lower bound --------------------------------------------------------------------------------------------------
-def jacobian_lower_bound(net: nn.Module, x: Tensor, n_steps: int = 0, step_size: float = 0.1) -> float:
+def jacobian_lower_bound(
+    net: nn.Module | Callable[[Tensor], Tensor], x: Tensor, n_steps: int = 0, step_size: float = 0.1
+) -> float:
     """A lower bound on L: the largest ``||J_f(x)||_2`` over the rows of ``x`` (N, d), each a valid lower bound
     wherever ``f`` is differentiable. ``n_steps > 0`` moves every point along its Jacobian's top right singular
     vector (a step of ``step_size`` times the batch's input scale each) and keeps the best norm seen: a cheap
@@ -395,13 +397,13 @@ def jacobian_lower_bound(net: nn.Module, x: Tensor, n_steps: int = 0, step_size:
 
     if x.dim() != 2:
         raise ConfigError(f"jacobian_lower_bound expects inputs (N, d), got shape {tuple(x.shape)}")
-    dtype = next(net.parameters()).dtype
+    dtype = next(net.parameters()).dtype if isinstance(net, nn.Module) else x.dtype
     pts = x.detach().to(dtype)
     scale = float(pts.std()) if pts.numel() > 1 else 1.0
     best = 0.0
     with torch.no_grad():
         for _ in range(n_steps + 1):
-            jac = input_jacobians(net, pts)
+            jac = input_jacobians(net, pts)  # type: ignore[arg-type]
             _, sv, vh = torch.linalg.svd(jac, full_matrices=False)
             best = max(best, float(sv[:, 0].max()))
             pts = pts + step_size * scale * vh[:, 0, :]
