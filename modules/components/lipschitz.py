@@ -393,18 +393,26 @@ def jacobian_lower_bound(
     wherever ``f`` is differentiable. ``n_steps > 0`` moves every point along its Jacobian's top right singular
     vector (a step of ``step_size`` times the batch's input scale each) and keeps the best norm seen: a cheap
     search across activation patterns, since the norm itself is piecewise constant for ReLU nets."""
-    from modules.components.mlp_analysis import input_jacobians
-
     if x.dim() != 2:
         raise ConfigError(f"jacobian_lower_bound expects inputs (N, d), got shape {tuple(x.shape)}")
     dtype = next(net.parameters()).dtype if isinstance(net, nn.Module) else x.dtype
     pts = x.detach().to(dtype)
     scale = float(pts.std()) if pts.numel() > 1 else 1.0
     best = 0.0
-    with torch.no_grad():
-        for _ in range(n_steps + 1):
-            jac = input_jacobians(net, pts)  # type: ignore[arg-type]
-            _, sv, vh = torch.linalg.svd(jac, full_matrices=False)
-            best = max(best, float(sv[:, 0].max()))
-            pts = pts + step_size * scale * vh[:, 0, :]
+    for _ in range(n_steps + 1):
+        jac = _row_jacobians(net, pts)
+        _, sv, vh = torch.linalg.svd(jac, full_matrices=False)
+        best = max(best, float(sv[:, 0].max()))
+        pts = pts + step_size * scale * vh[:, 0, :]
     return best
+
+
+def _row_jacobians(net: nn.Module | Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """``d f(x_n) / d x_n`` (N, out, d) by one backward pass per output: rows do not interact, so the gradient
+    of ``sum_n f(x_n)_k`` at row n is row k of that row's Jacobian (plain autograd: ``torch.func``'s first call
+    costs seconds)."""
+    with torch.enable_grad():
+        xg = x.detach().clone().requires_grad_(True)
+        out = net(xg).reshape(len(x), -1)
+        rows = [torch.autograd.grad(out[:, k].sum(), xg, retain_graph=k + 1 < out.shape[1])[0] for k in range(out.shape[1])]
+    return torch.stack(rows, 1).detach()
