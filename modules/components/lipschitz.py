@@ -335,7 +335,7 @@ def bound_from_multipliers(weights: Sequence[Tensor], multipliers: Sequence[Tens
 
 
 def lipsdp_bound(
-    weights: Sequence[Tensor], solver: str = "SCS", multipliers: str = "neuron", eps: float = 1e-9
+    weights: Sequence[Tensor], solver: str = "SCS", multipliers: str = "neuron", eps: float = 1e-6
 ) -> LipschitzCertificate:
     """LipSDP (Fazlyab et al. 2019) through cvxpy: ``min rho`` s.t. ``M(rho, Lambda) >= 0``, with one multiplier per
     neuron (``multipliers="neuron"``, LipSDP-Neuron) or per layer (``"layer"``). The returned bound is re-checked
