@@ -121,7 +121,9 @@ class RandomNetLipschitzStudy(PaperTask):
         self._lower: dict[tuple[int, int, int], float] = {}
 
     def net(self, depth: int, width: int, seed: int) -> MLP:
-        return random_mlp([self.in_dim] + [width] * (depth - 1) + [self.out_dim], self.activation, seed=seed)
+        # built outside inference mode (Lightning's test loop), so that the lower bound can differentiate it
+        with torch.inference_mode(False):
+            return random_mlp([self.in_dim] + [width] * (depth - 1) + [self.out_dim], self.activation, seed=seed)
 
     def configure_optimizers(self) -> Any:
         return None  # nothing is trained: the study measures fixed random nets
@@ -140,7 +142,8 @@ class RandomNetLipschitzStudy(PaperTask):
         return self._upper[key]
 
     def step(self, batch: Any, stage: Stage) -> StepOutput:
-        x = batch[0]
+        with torch.inference_mode(False):
+            x = batch[0].clone()
         for key in self.grid:
             low = jacobian_lower_bound(self.net(*key), x.reshape(len(x), -1), n_steps=self.lower_steps)
             self._lower[key] = max(self._lower.get(key, 0.0), low)

@@ -411,7 +411,8 @@ def _row_jacobians(net: nn.Module | Callable[[Tensor], Tensor], x: Tensor) -> Te
     """``d f(x_n) / d x_n`` (N, out, d) by one backward pass per output: rows do not interact, so the gradient
     of ``sum_n f(x_n)_k`` at row n is row k of that row's Jacobian (plain autograd: ``torch.func``'s first call
     costs seconds)."""
-    with torch.enable_grad():
+    # Lightning's test and validation loops run under inference mode, which enable_grad alone does not lift
+    with torch.inference_mode(False), torch.enable_grad():
         xg = x.detach().clone().requires_grad_(True)
         out = net(xg).reshape(len(x), -1)
         rows = [torch.autograd.grad(out[:, k].sum(), xg, retain_graph=k + 1 < out.shape[1])[0] for k in range(out.shape[1])]
