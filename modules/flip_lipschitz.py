@@ -98,7 +98,7 @@ class RandomNetLipschitzStudy(PaperTask):
     def __init__(
         self,
         depths: Sequence[int] = (2, 4, 8),
-        widths: Sequence[int] = (64, 128),
+        widths: Sequence[int] = (64, 256),
         seeds: Sequence[int] = (0, 1, 2, 3, 4),
         out_dim: int = 1,
         activation: str = "relu",
