@@ -160,3 +160,11 @@ class TokenBudget(Protocol):
     "seen": D (training tokens processed so far)}``, on this rank."""
 
     def token_budget(self) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class AffineLayers(Protocol):
+    """Feedforward nets analysed layer by layer (paper 002-05): ``[(W_i, b_i)]`` input to output, ``W_i`` in
+    ``nn.Linear``'s layout ``(n_{i+1}, n_i)``, with activations whose slopes lie in [0, 1] between them."""
+
+    def affine_layers(self) -> list[tuple[Tensor, Tensor]]: ...
