@@ -152,3 +152,11 @@ class AlignedChunks(Protocol):
     token-ending mass fraction at each inside-token byte}``."""
 
     def aligned_chunks(self, batch: Any) -> dict[str, Tensor]: ...
+
+
+@runtime_checkable
+class LaplaceEvidenceSource(Protocol):
+    """EB-Laplace on a ReLU net (paper 004-10): on a batch (the training set), ``{"<arm>/log_evidence": log Z at
+    delta*, "<arm>/log_delta": log delta*}`` for standard EB (arm ``standard``) and each gamma-canonical arm."""
+
+    def laplace_evidence(self, batch: Any) -> dict[str, float]: ...
