@@ -168,3 +168,11 @@ class AffineLayers(Protocol):
     ``nn.Linear``'s layout ``(n_{i+1}, n_i)``, with activations whose slopes lie in [0, 1] between them."""
 
     def affine_layers(self) -> list[tuple[Tensor, Tensor]]: ...
+
+
+@runtime_checkable
+class LaplaceEvidenceSource(Protocol):
+    """EB-Laplace on a ReLU net (paper 004-10): on a batch (the training set), ``{"<arm>/log_evidence": log Z at
+    delta*, "<arm>/log_delta": log delta*}`` for standard EB (arm ``standard``) and each gamma-canonical arm."""
+
+    def laplace_evidence(self, batch: Any) -> dict[str, float]: ...
