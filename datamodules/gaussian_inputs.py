@@ -89,5 +89,8 @@ class GaussianInputsDataModule(TensorDataModule):
 
     @property
     def num_classes(self) -> int:
-        # no labels: a net studied on these laws gets its output width from its own config
-        raise ConfigError("GaussianInputsDataModule has no labels: give the model its output width explicitly")
+        # No labels, so no size to link: an AttributeError makes hasattr() false, and the CLI skips the
+        # num_classes link (as for any DataModule without that size); a net studied on these laws takes its
+        # output width from its own config. (A ConfigError here failed every model, also those without
+        # num_classes, because the CLI probes each linked size.)
+        raise AttributeError("GaussianInputsDataModule has no labels: give the model its output width explicitly")
