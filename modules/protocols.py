@@ -152,3 +152,11 @@ class AlignedChunks(Protocol):
     token-ending mass fraction at each inside-token byte}``."""
 
     def aligned_chunks(self, batch: Any) -> dict[str, Tensor]: ...
+
+
+@runtime_checkable
+class PredictiveMoments(Protocol):
+    """Gaussian moment propagation: the output law ``(mean (B, K), cov (B, K, K))`` on a batch by ``method`` (the
+    module's propagation methods, e.g. ``exact``, ``diag``), or its Monte Carlo reference for ``method = "mc"``."""
+
+    def predictive_moments(self, batch: Any, method: str) -> tuple[Tensor, Tensor]: ...

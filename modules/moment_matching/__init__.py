@@ -14,8 +14,9 @@ from modules.moment_matching.functional import (
 )
 from modules.moment_matching.nets import METHODS, ResidualNet, mc_moments, propagate
 from modules.moment_matching.study import MomentPropagationStudy
+from modules.moment_matching.vbnn import DeterministicVBNN
 
 __all__ = [
-    "ACTIVATIONS", "METHODS", "MomentPropagationStudy", "ResidualNet", "activation_mean_var", "activation_moments",
+    "ACTIVATIONS", "METHODS", "DeterministicVBNN", "MomentPropagationStudy", "ResidualNet", "activation_mean_var", "activation_moments",
     "bvn_cdf", "mc_moments", "propagate", "residual_layer_moments",
 ]
