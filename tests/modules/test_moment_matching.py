@@ -55,7 +55,7 @@ def _quad_bvn(h: float, k: float, r: float) -> float:
     return integrate.quad(f, -np.inf, h, epsabs=1e-14, epsrel=1e-13, limit=400)[0]
 
 
-def _check_bvn(n: int, n_scipy: int, seed: int) -> None:
+def _check_bvn(n: int, n_quad: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     h, k, r = rng.uniform(-8, 8, n), rng.uniform(-8, 8, n), rng.uniform(-0.999, 0.999, n)
     # the hard corner: near-equal limits at correlations close to +-1
@@ -64,22 +64,22 @@ def _check_bvn(n: int, n_scipy: int, seed: int) -> None:
     k[:hard] = h[:hard] + rng.normal(0, 0.01, hard)
     r[:hard] = rng.choice([0.999, -0.999, 0.99, -0.93, 0.926, 0.924], hard)
     got = bvn_cdf(torch.tensor(h), torch.tensor(k), torch.tensor(r)).numpy()
-    quad = np.array([_quad_bvn(a, b, c) for a, b, c in zip(h, k, r, strict=True)])
-    assert np.abs(got - quad).max() < 1e-12
-    # scipy's own (Genz's Fortran) at a tight tolerance (about 0.1 s a call)
-    step = max(1, n // n_scipy)
+    # scipy's own (Genz's Fortran) at a tight tolerance
     ref = np.array([multivariate_normal.cdf([a, b], cov=[[1, c], [c, 1]], abseps=1e-12, releps=1e-12)
-                    for a, b, c in zip(h[::step], k[::step], r[::step], strict=True)])
-    assert np.abs(got[::step] - ref).max() < 1e-10
+                    for a, b, c in zip(h, k, r, strict=True)])
+    assert np.abs(got - ref).max() < 1e-10
+    # an independent route on some of the hard ones: P(X <= h, Y <= k) = int_{-inf}^h pdf(x) Phi((k - r x) / sqrt(1 - r^2))
+    quad = np.array([_quad_bvn(a, b, c) for a, b, c in zip(h[:n_quad], k[:n_quad], r[:n_quad], strict=True)])
+    assert np.abs(got[:n_quad] - quad).max() < 1e-12
 
 
 def test_bvn_cdf_matches_scipy_and_quadrature_on_the_issue_range() -> None:
-    _check_bvn(18, 3, seed=0)
+    _check_bvn(60, 2, seed=0)
 
 
 @pytest.mark.slow
 def test_bvn_cdf_matches_scipy_and_quadrature_on_many_points() -> None:
-    _check_bvn(300, 60, seed=1)
+    _check_bvn(600, 60, seed=1)
 
 
 def test_bvn_cdf_limits_and_gradients() -> None:
@@ -160,7 +160,7 @@ def test_residual_layer_matches_monte_carlo_and_the_plain_layer() -> None:
     c, d = torch.randn(h, n, generator=gen, dtype=D), torch.randn(h, generator=gen, dtype=D)
     for act in ("gelu", "heaviside", "sine"):
         mu, cv = residual_layer_moments(mean, cov, a, b, c, d, act)  # type: ignore[arg-type]
-        s = 200_000
+        s = 100_000
         x = mean[:, None] + torch.randn(2, s, n, generator=gen, dtype=D) @ torch.linalg.cholesky(cov).transpose(1, 2)
         y = x @ a.T + activation_fn(x @ c.T + d, act) @ b.T
         ym = y.mean(1)
@@ -262,7 +262,7 @@ def test_vbnn_exact_predictive_matches_full_weight_sampling() -> None:
     x = torch.randn(2, 3, dtype=D)
     mean, cov = net.predictive(x, "exact")
     gen = torch.Generator().manual_seed(5)
-    s = 100_000
+    s = 50_000
     h = x[:, None].expand(-1, s, -1)
     layers = net.layers()
     for i, (m, s2, bm, bs2) in enumerate(layers):
