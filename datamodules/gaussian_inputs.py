@@ -89,7 +89,8 @@ class GaussianInputsDataModule(TensorDataModule):
 
     @property
     def num_classes(self) -> int:
-        """0: the laws carry no labels. The CLI links this size into every model at instantiation (also into
-        models that never read it), so it must not raise; a net built from it is refused by its own size check,
-        and a study gets its output width from its own config."""
-        return 0
+        # No labels, so no size to link: an AttributeError makes hasattr() false, and the CLI skips the
+        # num_classes link (as for any DataModule without that size); a net studied on these laws takes its
+        # output width from its own config. (A ConfigError here failed every model, also those without
+        # num_classes, because the CLI probes each linked size.)
+        raise AttributeError("GaussianInputsDataModule has no labels: give the model its output width explicitly")

@@ -176,3 +176,11 @@ class LaplaceEvidenceSource(Protocol):
     delta*, "<arm>/log_delta": log delta*}`` for standard EB (arm ``standard``) and each gamma-canonical arm."""
 
     def laplace_evidence(self, batch: Any) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class PredictiveMoments(Protocol):
+    """Gaussian moment propagation: the output law ``(mean (B, K), cov (B, K, K))`` on a batch by ``method`` (the
+    module's propagation methods, e.g. ``exact``, ``diag``), or its Monte Carlo reference for ``method = "mc"``."""
+
+    def predictive_moments(self, batch: Any, method: str) -> tuple[Tensor, Tensor]: ...
