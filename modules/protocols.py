@@ -152,3 +152,11 @@ class AlignedChunks(Protocol):
     token-ending mass fraction at each inside-token byte}``."""
 
     def aligned_chunks(self, batch: Any) -> dict[str, Tensor]: ...
+
+
+@runtime_checkable
+class CertificateReport(Protocol):
+    """Certificate searches (004-14 MonoBarrier): the state after the last verification, ``{"certified" (0/1),
+    "violations" (failed exact checks), "cells" (partition size), "queries" (simulator queries so far), ...}``."""
+
+    def certificate_report(self) -> dict[str, float]: ...
