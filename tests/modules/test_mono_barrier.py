@@ -33,7 +33,7 @@ def test_max_monotone_net_is_monotone_on_random_ordered_pairs_after_training_mov
     assert bool((net(x) <= net(y)).all())
 
 
-@pytest.mark.parametrize("branch", ["pos_mlp", "minmax"])
+@pytest.mark.parametrize("branch", [pytest.param("pos_mlp", marks=pytest.mark.slow), "minmax"])
 def test_max_monotone_net_fits_a_staircase(branch: str) -> None:
     """Target: +1 on the upper set of {(0.3, 0.8), (0.6, 0.5), (0.85, 0.2)} in [0, 1]^2, else -1 (a 3-step
     staircase boundary), on cell centres; the learned branches alone (no axis branches) fit its sign to 98 %."""
@@ -126,10 +126,11 @@ def test_a_planted_bad_barrier_is_rejected() -> None:
     assert grid_violations(system, net)["c3"] > 0
 
 
-@pytest.mark.parametrize(("n", "seed"), [(2, 0), (5, 1), (10, 2)])
+@pytest.mark.parametrize(("n", "seed"), [(2, 0), pytest.param(5, 1, marks=pytest.mark.slow),
+                                         pytest.param(10, 2, marks=pytest.mark.slow)])
 def test_unsafe_instances_are_never_certified_and_simulation_shows_the_violation(n: int, seed: int) -> None:
     system = cooperative_linear(n, seed=seed, b=0.1)
-    cert = certify(system, n_branches=2, hidden=4, max_rounds=15, steps_per_round=20)
+    cert = certify(system, n_branches=2, hidden=4, max_rounds=6, steps_per_round=10)
     assert not cert.certified
     assert bool((system.worst_case_trajectory(200) >= system.unsafe_at).any())
 
