@@ -7,11 +7,24 @@ import itertools
 import pytest
 import torch
 
-from datamodules.monotone_systems import (MonotoneSystem, MonotoneSystemDataModule, check_monotone,
-                                          cooperative_linear, ctm_traffic)
+from datamodules.monotone_systems import (
+    MonotoneSystem,
+    MonotoneSystemDataModule,
+    check_monotone,
+    cooperative_linear,
+    ctm_traffic,
+)
 from errors import ConfigError
-from modules.mono_barrier import (CHECK_TOL, BarrierSearch, MaxMonotoneNet, MonotoneBarrierModule, cells_tile,
-                                  certify, fit_loglog, verify)
+from modules.mono_barrier import (
+    CHECK_TOL,
+    BarrierSearch,
+    MaxMonotoneNet,
+    MonotoneBarrierModule,
+    cells_tile,
+    certify,
+    fit_loglog,
+    verify,
+)
 from modules.protocols import CertificateReport
 
 torch.set_num_threads(1)
