@@ -65,8 +65,7 @@ def slope_analysis(sweep: str, metric: str = "diag/certificate/queries", trackin
         mlflow.set_tags({"analysis": "slope", "paper": MonotoneBarrierModule.paper_id, "method": experiment})
         mlflow.log_params({"sweep": sweep, "sweep_parent": parent.info.run_id, "metric": metric, "x": "data.init_args.n"})
         mlflow.log_metrics({f"slope/{k}": v for k, v in fit.items()})
-        mlflow.log_table({k: [r[k] for r in sorted(used, key=lambda r: (r["n"], r["seed"]))] for k in ("n", "seed", key)},
-                         artifact_file="tables/slope_runs.json")
+        mlflow.log_dict({"runs": sorted(used, key=lambda r: (r["n"], r["seed"]))}, "tables/slope_runs.json")
         fit["run_id"] = run.info.run_id  # type: ignore[assignment]
     return fit
 

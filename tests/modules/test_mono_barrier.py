@@ -205,3 +205,26 @@ def test_the_module_reports_its_certificate_and_refuses_other_data() -> None:
     with pytest.raises(ConfigError, match="refine_every"):
         MonotoneBarrierModule(num_features=5, refine_every=0)
     assert CHECK_TOL > 0
+
+
+def test_slope_analysis_reads_a_sweeps_runs_and_logs_its_fit(paperlab_tmp: object) -> None:
+    """A fake sweep in the test's own MLflow store: queries = 2 n + 1 at n = 10 ... 100 (one uncertified run
+    left out); the fit is logged as a run of its own."""
+    import mlflow
+
+    from modules.mono_barrier import slope_analysis
+
+    client = mlflow.MlflowClient()
+    exp = client.create_experiment("mono_barrier")
+    parent = client.create_run(exp, run_name="scaling", tags={"sweep.name": "scaling", "sweep.role": "parent"})
+    for n, certified in [(10, 1.0), (20, 1.0), (50, 1.0), (100, 1.0), (100, 0.0)]:
+        run = client.create_run(exp, run_name=f"scaling-n={n}-c{certified}", tags={"mlflow.parentRunId": parent.info.run_id})
+        client.log_param(run.info.run_id, "data.init_args.n", str(n))
+        client.log_metric(run.info.run_id, "diag/certificate/queries", 2 * n + 1)
+        client.log_metric(run.info.run_id, "diag/certificate/certified", certified)
+        client.set_terminated(run.info.run_id)
+    fit = slope_analysis("scaling")
+    expected = fit_loglog([10, 20, 50, 100], [21, 41, 101, 201])
+    assert fit["slope"] == pytest.approx(expected["slope"]) and fit["runs"] == 4 and fit["uncertified_runs"] == 1
+    logged = client.get_run(str(fit["run_id"]))
+    assert logged.data.params["sweep"] == "scaling" and logged.data.metrics["slope/slope"] == pytest.approx(fit["slope"])
