@@ -184,3 +184,11 @@ class PredictiveMoments(Protocol):
     module's propagation methods, e.g. ``exact``, ``diag``), or its Monte Carlo reference for ``method = "mc"``."""
 
     def predictive_moments(self, batch: Any, method: str) -> tuple[Tensor, Tensor]: ...
+
+
+@runtime_checkable
+class CertificateReport(Protocol):
+    """Certificate searches (004-14 MonoBarrier): the state after the last verification, ``{"certified" (0/1),
+    "violations" (failed exact checks), "cells" (partition size), "queries" (simulator queries so far), ...}``."""
+
+    def certificate_report(self) -> dict[str, float]: ...

@@ -1,0 +1,90 @@
+"""Analyses over MLflow runs: ``python -m modules.mono_barrier slope --sweep scaling``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from errors import ConfigError
+from modules.mono_barrier.task import MonotoneBarrierModule
+
+
+def fit_loglog(n: Sequence[float], q: Sequence[float]) -> dict[str, float]:
+    """Least-squares fit of log q = a + k log n over the runs: the slope k, its 95 % interval (t quantile over
+    runs - 2 degrees of freedom), a, and R^2."""
+    from scipy import stats
+
+    x, y = np.log(np.asarray(n, dtype=float)), np.log(np.asarray(q, dtype=float))
+    if len(x) < 3 or np.ptp(x) == 0:
+        raise ConfigError(f"a slope needs runs at 2 or more values of n and 3 or more runs, got {len(x)}")
+    res = stats.linregress(x, y)
+    half = float(stats.t.ppf(0.975, len(x) - 2) * res.stderr)
+    return {"slope": float(res.slope), "slope_lo": float(res.slope) - half, "slope_hi": float(res.slope) + half,
+            "intercept": float(res.intercept), "r2": float(res.rvalue**2), "runs": float(len(x))}
+
+
+def slope_analysis(sweep: str, metric: str = "diag/certificate/queries", tracking_uri: str | None = None,
+                   experiment: str = "mono_barrier") -> dict[str, float]:
+    """Read the FINISHED certified child runs of sweep ``sweep`` (newest per run name), fit the log-log slope of
+    ``metric`` against ``data.init_args.n`` and log it as a run ``slope <sweep>`` of the experiment (params: the
+    sweep, its parent run, the metric; metrics: the fit; table: the runs used)."""
+    import mlflow
+
+    from tracking.uri import default_tracking_uri
+
+    client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ConfigError(f"no MLflow experiment {experiment!r}: run the sweep first")
+    parents = client.search_runs([exp.experiment_id], f"tags.`sweep.name` = '{sweep}' and tags.`sweep.role` = 'parent'",
+                                 order_by=["attributes.start_time DESC"])
+    if not parents:
+        raise ConfigError(f"no sweep {sweep!r} in experiment {experiment!r}: run "
+                          f"python main.py sweep --config configs/mono_barrier/{sweep}_sweep.yaml --workers 2")
+    parent = parents[0]
+    children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+                                  order_by=["attributes.start_time DESC"])
+    rows: dict[str, dict[str, float]] = {}
+    for run in children:
+        name = run.data.tags.get("mlflow.runName", run.info.run_id)
+        if run.info.status != "FINISHED" or name in rows or metric not in run.data.metrics:
+            continue
+        n = run.data.params.get("data.init_args.n")
+        if n is None:
+            continue
+        rows[name] = {"n": float(n), metric.rsplit("/", 1)[-1]: float(run.data.metrics[metric]),
+                      "certified": float(run.data.metrics.get("diag/certificate/certified", float("nan"))),
+                      "seed": float(run.data.params.get("seed_everything", "nan"))}
+    used = [r for r in rows.values() if r["certified"] == 1.0]
+    key = metric.rsplit("/", 1)[-1]
+    fit = fit_loglog([r["n"] for r in used], [r[key] for r in used])
+    fit["uncertified_runs"] = float(len(rows) - len(used))
+    with mlflow.start_run(experiment_id=exp.experiment_id, run_name=f"slope {sweep}") as run:
+        mlflow.set_tags({"analysis": "slope", "paper": MonotoneBarrierModule.paper_id, "method": experiment})
+        mlflow.log_params({"sweep": sweep, "sweep_parent": parent.info.run_id, "metric": metric, "x": "data.init_args.n"})
+        mlflow.log_metrics({f"slope/{k}": v for k, v in fit.items()})
+        mlflow.log_dict({"runs": sorted(used, key=lambda r: (r["n"], r["seed"]))}, "tables/slope_runs.json")
+        fit["run_id"] = run.info.run_id  # type: ignore[assignment]
+    return fit
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m modules.mono_barrier")
+    sub = parser.add_subparsers(dest="analysis", required=True)
+    p = sub.add_parser("slope", help="log-log slope of queries against n over a sweep's runs, logged as a run")
+    p.add_argument("--sweep", default="scaling")
+    p.add_argument("--metric", default="diag/certificate/queries")
+    args = parser.parse_args(argv)
+    try:
+        fit = slope_analysis(args.sweep, args.metric)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"log-log slope of {args.metric} against n over {int(fit['runs'])} certified runs of sweep {args.sweep!r}: "
+          f"{fit['slope']:.4g} [{fit['slope_lo']:.4g}, {fit['slope_hi']:.4g}] (95 %), R^2 {fit['r2']:.4f}, "
+          f"{int(fit['uncertified_runs'])} uncertified runs left out; MLflow run {fit['run_id']}")
+    return 0
