@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,6 +32,7 @@ def slope_analysis(sweep: str, metric: str = "diag/certificate/queries", trackin
     ``metric`` against ``data.init_args.n`` and log it as a run ``slope <sweep>`` of the experiment (params: the
     sweep, its parent run, the metric; metrics: the fit; table: the runs used)."""
     import mlflow
+    from mlflow.entities import Metric, Param
 
     from tracking.uri import default_tracking_uri
 
@@ -61,12 +63,18 @@ def slope_analysis(sweep: str, metric: str = "diag/certificate/queries", trackin
     key = metric.rsplit("/", 1)[-1]
     fit = fit_loglog([r["n"] for r in used], [r[key] for r in used])
     fit["uncertified_runs"] = float(len(rows) - len(used))
-    with mlflow.start_run(experiment_id=exp.experiment_id, run_name=f"slope {sweep}") as run:
-        mlflow.set_tags({"analysis": "slope", "paper": MonotoneBarrierModule.paper_id, "method": experiment})
-        mlflow.log_params({"sweep": sweep, "sweep_parent": parent.info.run_id, "metric": metric, "x": "data.init_args.n"})
-        mlflow.log_metrics({f"slope/{k}": v for k, v in fit.items()})
-        mlflow.log_dict({"runs": sorted(used, key=lambda r: (r["n"], r["seed"]))}, "tables/slope_runs.json")
-        fit["run_id"] = run.info.run_id  # type: ignore[assignment]
+    # the client, not the fluent API: MLflow's fluent calls follow the process-wide URI, which an earlier
+    # in-process fit may have pointed at another store
+    tags = {"analysis": "slope", "paper": MonotoneBarrierModule.paper_id, "method": experiment}
+    run = client.create_run(exp.experiment_id, run_name=f"slope {sweep}", tags=tags)
+    run_id = run.info.run_id
+    params = {"sweep": sweep, "sweep_parent": parent.info.run_id, "metric": metric, "x": "data.init_args.n"}
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(f"slope/{k}", float(v), now, 0) for k, v in fit.items()],
+                     params=[Param(k, str(v)) for k, v in params.items()])
+    client.log_dict(run_id, {"runs": sorted(used, key=lambda r: (r["n"], r["seed"]))}, "tables/slope_runs.json")
+    client.set_terminated(run_id)
+    fit["run_id"] = run_id  # type: ignore[assignment]
     return fit
 
 

@@ -31,6 +31,7 @@ from modules.cd_scaling import (
 from modules.cd_scaling.__main__ import main
 from modules.components.scaling_laws import ChinchillaLaw, EffectivenessLaw
 from modules.components.tiny_gpt import TinyGPT
+from tests.helpers import client as store_client
 
 BLOCK = 8
 U_CHARS = 50 * BLOCK + 1  # 50 windows whose inputs and targets cover exactly the first U characters
@@ -141,9 +142,7 @@ def _log_sweep(client: Any, exp_id: str, name: str, runs: list[ScalingRun]) -> N
 
 @pytest.mark.slow  # three L-BFGS grids and ~40 MLflow runs: ~3 s on quiet cores; test_claims_counts is its fast twin
 def test_fit_laws_recovers_a_planted_law_from_mlflow_runs(paperlab_tmp: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient()
+    client = store_client()
     exp_id = client.create_experiment("cd_scaling")
     anchors, repeat = _planted_runs()
     _log_sweep(client, exp_id, "anchors", anchors)
@@ -172,11 +171,10 @@ def test_fit_laws_recovers_a_planted_law_from_mlflow_runs(paperlab_tmp: Any, cap
 
 
 def test_fit_laws_errors(paperlab_tmp: Any) -> None:
-    from mlflow.tracking import MlflowClient
 
     with pytest.raises(ConfigError, match="anchors_sweep.yaml"):
         fit_laws()  # nothing run yet: the message names the sweep command
-    client = MlflowClient()
+    client = store_client()
     exp_id = client.create_experiment("cd_scaling")
     anchors, repeat = _planted_runs()
     _log_sweep(client, exp_id, "anchors", anchors[:2])

@@ -26,6 +26,7 @@ from modules.mono_barrier import (
     verify,
 )
 from modules.protocols import CertificateReport
+from tests.helpers import client as store_client
 
 torch.set_num_threads(1)
 
@@ -210,11 +211,10 @@ def test_the_module_reports_its_certificate_and_refuses_other_data() -> None:
 def test_slope_analysis_reads_a_sweeps_runs_and_logs_its_fit(paperlab_tmp: object) -> None:
     """A fake sweep in the test's own MLflow store: queries = 2 n + 1 at n = 10 ... 100 (one uncertified run
     left out); the fit is logged as a run of its own."""
-    import mlflow
 
     from modules.mono_barrier import slope_analysis
 
-    client = mlflow.MlflowClient()
+    client = store_client()  # this test's store: an earlier in-process fit leaves MLflow's process-wide URI
     exp = client.create_experiment("mono_barrier")
     parent = client.create_run(exp, run_name="scaling", tags={"sweep.name": "scaling", "sweep.role": "parent"})
     for n, certified in [(10, 1.0), (20, 1.0), (50, 1.0), (100, 1.0), (100, 0.0)]:
