@@ -64,6 +64,13 @@ def lorenz_latents(
     return (states - flat.mean(0)) / flat.std(0)
 
 
+def _movement_phase(onset: Tensor, duration: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
+    """``(tau, moving)``, each ``(n, T)``: the movement's phase ``clip((t - onset) / duration, 0, 1)`` and 1 strictly
+    inside the movement, 0 outside (where every time derivative of the phase is zero)."""
+    raw = (t[None, :] - onset[:, None]) / duration[:, None]
+    return raw.clamp(0.0, 1.0), ((raw > 0) & (raw < 1)).to(t.dtype)
+
+
 def minimum_jerk(start: Tensor, end: Tensor, onset: Tensor, duration: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
     """Minimum-jerk reaches ``start (n, 2) -> end (n, 2)`` beginning at ``onset (n,)`` and lasting ``duration
     (n,)``, sampled at times ``t (T,)``: ``(pos, vel)``, each ``(n, T, 2)``.
@@ -74,9 +81,7 @@ def minimum_jerk(start: Tensor, end: Tensor, onset: Tensor, duration: Tensor, t:
                           f"{tuple(end.shape)}, {tuple(onset.shape)}, {tuple(duration.shape)}")
     if bool((duration <= 0).any()):
         raise ConfigError("minimum_jerk: every duration must be positive")
-    raw = (t[None, :] - onset[:, None]) / duration[:, None]
-    tau = raw.clamp(0.0, 1.0)
-    moving = ((raw > 0) & (raw < 1)).to(t.dtype)
+    tau, moving = _movement_phase(onset, duration, t)
     shape = 10 * tau**3 - 15 * tau**4 + 6 * tau**5
     rate = (30 * tau**2 - 60 * tau**3 + 30 * tau**4) * moving / duration[:, None]
     delta = (end - start)[:, None, :]
@@ -92,9 +97,7 @@ def curved_reach(
     pos, vel = minimum_jerk(start, end, onset, duration, t)
     d = end - start
     normal = torch.stack([-d[:, 1], d[:, 0]], dim=-1) / d.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-    raw = (t[None, :] - onset[:, None]) / duration[:, None]
-    tau = raw.clamp(0.0, 1.0)
-    moving = ((raw > 0) & (raw < 1)).to(t.dtype)
+    tau, moving = _movement_phase(onset, duration, t)
     bump = 64 * tau**3 * (1 - tau) ** 3
     bump_rate = 64 * (3 * tau**2 * (1 - tau) ** 3 - 3 * tau**3 * (1 - tau) ** 2) * moving / duration[:, None]
     side = (bulge[:, None] * normal)[:, None, :]

@@ -25,12 +25,17 @@ from torch import Tensor
 from errors import ConfigError
 
 
+def _gauss_legendre(nlat: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(x (nlat,), weights (nlat,))``: Gauss-Legendre nodes in descending order (row 0 northernmost)."""
+    nodes, weights = np.polynomial.legendre.leggauss(nlat)
+    return nodes[::-1].copy(), weights[::-1].copy()
+
+
 @lru_cache(maxsize=32)
 def _legendre_table(nlat: int, lmax: int) -> tuple[np.ndarray, np.ndarray]:
     """``(weights (nlat,), P (lmax, lmax, nlat))`` in float64: Gauss-Legendre weights in the grid's row order and
     the orthonormal associated Legendre functions, ``Y_l^m(theta, phi) = P[l, m](cos theta) e^{i m phi}``."""
-    nodes, weights = np.polynomial.legendre.leggauss(nlat)
-    x, w = nodes[::-1].copy(), weights[::-1].copy()
+    x, w = _gauss_legendre(nlat)
     sin_theta = np.sqrt(np.clip(1.0 - x * x, 0.0, None))
     p = np.zeros((lmax, lmax, nlat))
     # Stable three-term recursions in l at fixed m (Holmes and Featherstone 2002), starting from the sectoral
@@ -97,8 +102,7 @@ def isht(a: Tensor, nlat: int, nlon: int) -> Tensor:
 def grid(nlat: int, nlon: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
     """``(theta (nlat,), phi (nlon,), quadrature weights (nlat, nlon))`` of the grid; the weights sum to 4 pi, so
     ``(f * w).sum()`` integrates ``f`` over the sphere."""
-    w, _ = _legendre_table(nlat, 1)
-    nodes = np.polynomial.legendre.leggauss(nlat)[0][::-1].copy()
+    nodes, w = _gauss_legendre(nlat)
     theta = torch.as_tensor(np.arccos(nodes), dtype=dtype)
     phi = torch.arange(nlon, dtype=dtype) * (2.0 * math.pi / nlon)
     weights = torch.as_tensor(w, dtype=dtype)[:, None].expand(nlat, nlon) * (2.0 * math.pi / nlon)
