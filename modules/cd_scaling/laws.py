@@ -18,7 +18,6 @@ claim's counts as metrics, the per-run and per-cell tables and two figures as ar
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -237,17 +236,12 @@ def figures(result: LawsResult) -> dict[str, Any]:
 def log_result(client: Any, experiment: str, result: LawsResult, params: dict[str, str]) -> str:
     """Log ``result`` as a FINISHED run ``fit_laws`` of ``experiment``; returns its run id."""
     import matplotlib.pyplot as plt
-    from mlflow.entities import Metric, Param
 
-    from tracking.config_artifact import git_state
+    from tracking.analysis_run import analysis_run, log_metrics
     from tracking.tables import table_csv
 
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
-    tags = {"paper_id": "000-12", "method": "cd_scaling", "analysis": "fit_laws", **git_state()}
-    run = client.create_run(exp_id, run_name="fit_laws", tags=tags)
-    run_id = run.info.run_id
-    try:
+    tags = {"paper_id": "000-12", "method": "cd_scaling", "analysis": "fit_laws"}
+    with analysis_run(client, experiment, "fit_laws", tags, params) as run_id:
         metrics: dict[str, float] = {f"law/{k}": v for k, v in result.law.params.items()}
         metrics["law/rmse"] = result.law.rmse
         metrics.update({f"cd/{k}": v for k, v in result.cd.params.items()})
@@ -257,21 +251,12 @@ def log_result(client: Any, experiment: str, result: LawsResult, params: dict[st
             metrics[f"eta_bar/{key}"] = c["eta_bar"]
             metrics[f"eta_bar_cd/{key}"] = c["eta_bar_cd"]
         metrics.update({f"claim/{k}": v for k, v in result.claims.items()})
-        now = int(time.time() * 1000)
-        client.log_batch(
-            run_id,
-            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
-            params=[Param(k, v) for k, v in params.items()],
-        )
+        log_metrics(client, run_id, metrics)
         client.log_text(run_id, table_csv(result.runs), "tables/runs.csv")
         client.log_text(run_id, table_csv(result.cells), "tables/cells.csv")
         for path, fig in figures(result).items():
             client.log_figure(run_id, fig, path)
             plt.close(fig)
-    except BaseException:
-        client.set_terminated(run_id, "FAILED")
-        raise
-    client.set_terminated(run_id, "FINISHED")
     return run_id
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -32,7 +31,6 @@ def slope_analysis(sweep: str, metric: str = "diag/certificate/queries", trackin
     ``metric`` against ``data.init_args.n`` and log it as a run ``slope <sweep>`` of the experiment (params: the
     sweep, its parent run, the metric; metrics: the fit; table: the runs used)."""
     import mlflow
-    from mlflow.entities import Metric, Param
 
     from tracking.uri import default_tracking_uri
 
@@ -63,17 +61,13 @@ def slope_analysis(sweep: str, metric: str = "diag/certificate/queries", trackin
     key = metric.rsplit("/", 1)[-1]
     fit = fit_loglog([r["n"] for r in used], [r[key] for r in used])
     fit["uncertified_runs"] = float(len(rows) - len(used))
-    # the client, not the fluent API: MLflow's fluent calls follow the process-wide URI, which an earlier
-    # in-process fit may have pointed at another store
+    from tracking.analysis_run import analysis_run, log_metrics
+
     tags = {"analysis": "slope", "paper": MonotoneBarrierModule.paper_id, "method": experiment}
-    run = client.create_run(exp.experiment_id, run_name=f"slope {sweep}", tags=tags)
-    run_id = run.info.run_id
     params = {"sweep": sweep, "sweep_parent": parent.info.run_id, "metric": metric, "x": "data.init_args.n"}
-    now = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(f"slope/{k}", float(v), now, 0) for k, v in fit.items()],
-                     params=[Param(k, str(v)) for k, v in params.items()])
-    client.log_dict(run_id, {"runs": sorted(used, key=lambda r: (r["n"], r["seed"]))}, "tables/slope_runs.json")
-    client.set_terminated(run_id)
+    with analysis_run(client, experiment, f"slope {sweep}", tags, params) as run_id:
+        log_metrics(client, run_id, {f"slope/{k}": v for k, v in fit.items()})
+        client.log_dict(run_id, {"runs": sorted(used, key=lambda r: (r["n"], r["seed"]))}, "tables/slope_runs.json")
     fit["run_id"] = run_id  # type: ignore[assignment]
     return fit
 

@@ -1,0 +1,41 @@
+"""A run of its own for an analysis over other runs (``python -m modules.<method> <analysis>``): created through
+one ``MlflowClient`` on the store the analysis read (never MLflow's fluent API, whose process-wide URI an earlier
+in-process fit may have pointed elsewhere), tagged with the code's git state, FINISHED when the analysis logged
+everything and FAILED when it raised."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from tracking.config_artifact import git_state
+
+
+@contextmanager
+def analysis_run(
+    client: Any, experiment: str, run_name: str, tags: Mapping[str, str], params: Mapping[str, object]
+) -> Iterator[str]:
+    """Create run ``run_name`` in ``experiment`` (created if missing) with ``tags`` and ``params``; yield its id
+    for the metrics and artifacts, then end it FINISHED, or FAILED if the body raised."""
+    from mlflow.entities import Param
+
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+    run_id = client.create_run(exp_id, run_name=run_name, tags={**tags, **git_state()}).info.run_id
+    try:
+        client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+        yield run_id
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+
+
+def log_metrics(client: Any, run_id: str, metrics: Mapping[str, float]) -> None:
+    """``metrics`` in one batch at step 0."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
