@@ -57,7 +57,7 @@ class BPETextDataModule(CharTextDataModule):
         text_column: str = "text",
         batch_size: int = 32,
         eval_batch_size: int | None = None,
-        seed: int = 0,
+        seed: int | None = 0,
         train_chars: int | None = None,
     ) -> None:
         super().__init__(

@@ -88,7 +88,7 @@ class CharTextDataModule(TensorDataModule):
         text_column: str = "text",
         batch_size: int = 64,
         eval_batch_size: int | None = None,
-        seed: int = 0,
+        seed: int | None = 0,
         train_chars: int | None = None,
     ) -> None:
         super().__init__(batch_size=batch_size, eval_batch_size=eval_batch_size, seed=seed)

@@ -58,8 +58,11 @@ class CausalLMTask(SupervisedTask, abstract=True):
     Args:
         net: the task network (a ``TinyGPT`` factory, ``class_path`` + ``init_args`` in a config).
         input_shape, num_classes: ``(block_size,)`` and the vocabulary (linked from the DataModule).
-        optimizer, lr_scheduler: see ``PaperTask``.
+        optimizer, lr_scheduler: see ``PaperTask``; the scheduler steps once per optimiser step.
     """
+
+    #: language models here are budgeted in steps (``max_steps``, one long epoch): a cosine T_max counts steps
+    scheduler_interval = "step"
 
     def __init__(
         self,

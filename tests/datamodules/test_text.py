@@ -65,3 +65,17 @@ def test_bad_arguments():
         CharTextDataModule(block_size=0)
     with pytest.raises(ValueError, match="val_fraction"):
         CharTextDataModule(val_fraction=0.6, test_fraction=0.5)
+
+
+def test_a_null_seed_shuffles_with_the_run_seed():
+    from datamodules.base import run_seed_context
+
+    def first_batch(seed: int | None, run_seed: int) -> torch.Tensor:
+        with run_seed_context(run_seed):
+            dm = CharTextDataModule(block_size=32, max_chars=100_000, batch_size=4, seed=seed)
+        dm.setup()
+        return next(iter(dm.loader("train", shuffle=True)))[0]
+
+    assert torch.equal(first_batch(None, 3), first_batch(3, 0))  # null: the run's seed
+    assert not torch.equal(first_batch(None, 3), first_batch(None, 4))
+    assert torch.equal(first_batch(0, 3), first_batch(0, 4))  # a fixed seed ignores the run's

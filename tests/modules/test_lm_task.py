@@ -95,3 +95,10 @@ def test_load_lm_rebuilds_the_network(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="cannot rebuild"):
         load_lm(path)
+
+
+def test_a_scheduler_steps_once_per_optimiser_step() -> None:
+    # language models are budgeted in steps (one long epoch): a cosine's T_max must count steps, not epochs
+    task = _LM(lambda shape, n: _tiny(shape, n), (8,), 40,
+               lr_scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100))
+    assert task.configure_optimizers()["lr_scheduler"]["interval"] == "step"
