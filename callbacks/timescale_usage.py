@@ -15,7 +15,6 @@ import math
 from typing import Any, Literal
 
 import lightning as L
-import torch
 from torch import Tensor
 
 from callbacks.diagnostic import Diagnostic, Moment, Reduction, Schedule
