@@ -163,7 +163,7 @@ def test_task_steps_memory_usage_and_parameter_count() -> None:
     out = lm.step((tokens[:, :-1], tokens[:, 1:]), "val")
     bpc, n = out.inputs["bpc"]
     assert n == 18 and out.preds.shape == (18,)
-    assert float(bpc) == pytest.approx(float(out.loss) / math.log(2))
+    assert float(bpc) == pytest.approx(float(out.loss.detach()) / math.log(2))
     assert lm.net.n_inputs == 128
 
 
