@@ -23,10 +23,11 @@ from modules.protocols import MemoryUsage
 
 
 def decade_bands(tau: Tensor) -> list[tuple[float, float]]:
-    """Decades ``[10^k, 10^(k+1))`` from the one holding the smallest tau to the one holding the largest."""
-    lo = math.floor(math.log10(float(tau.min())) + 1e-9)
-    hi = math.floor(math.log10(float(tau.max())) + 1e-9)
-    return [(10.0**k, 10.0 ** (k + 1)) for k in range(lo, hi + 1)]
+    """Decades ``[10^k, 10^(k+1))`` covering the time constants, from the one holding the smallest tau; the last is
+    closed on the right, so that tau_max = 1000 falls in [100, 1000] and not in a band of its own."""
+    lo = math.floor(math.log10(float(tau.min())) + 1e-6)  # tolerances: logspace ends a hair off its powers of 10
+    hi = max(lo + 1, math.ceil(math.log10(float(tau.max())) - 1e-6))
+    return [(10.0**k, 10.0 ** (k + 1)) for k in range(lo, hi)]
 
 
 def band_label(lo: float, hi: float) -> str:
@@ -38,8 +39,9 @@ def usage_sums(tau: Tensor, abs_m: Tensor) -> dict[str, float]:
     log10 tau (float64)."""
     tau, abs_m = tau.double().flatten(), abs_m.double().flatten()
     out: dict[str, float] = {}
-    for lo, hi in decade_bands(tau):
-        inside = (tau >= lo) & (tau < hi)
+    bands = decade_bands(tau)
+    for lo, hi in bands:
+        inside = (tau >= lo) & ((tau < hi) | ((hi == bands[-1][1]) & (tau <= hi)))
         out[f"sum_{band_label(lo, hi)}"] = float(abs_m[inside].sum())
         out[f"n_{band_label(lo, hi)}"] = float(inside.sum())
     log_tau = tau.log10()

@@ -215,3 +215,8 @@ def test_timescale_usage_bands_against_a_direct_count() -> None:
     w = (abs_m * tau.log10()).sum() / abs_m.sum()
     assert out["weighted_log10_tau"] == pytest.approx(float(w))
     assert out["mean_log10_tau"] == pytest.approx(float(tau.log10().mean()))
+    # the network's grid ends at tau_max = 1000 exactly: it belongs to the last decade, not to a band of its own
+    grid = torch.logspace(0, 3, 4)[None, :]
+    out = diag.finalize(usage_sums(grid, torch.ones_like(grid)))
+    assert sorted(k for k in out if k.startswith("abs_m_")) == ["abs_m_tau100_1000", "abs_m_tau10_100", "abs_m_tau1_10"]
+    assert out["abs_m_tau100_1000"] == 1.0
