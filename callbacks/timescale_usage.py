@@ -40,8 +40,9 @@ def usage_sums(tau: Tensor, abs_m: Tensor) -> dict[str, float]:
     tau, abs_m = tau.double().flatten(), abs_m.double().flatten()
     out: dict[str, float] = {}
     bands = decade_bands(tau)
-    for lo, hi in bands:
-        inside = (tau >= lo) & ((tau < hi) | ((hi == bands[-1][1]) & (tau <= hi)))
+    for j, (lo, hi) in enumerate(bands):
+        # the outer bands take what rounding leaves a hair outside them
+        inside = ((tau >= lo) | (j == 0)) & ((tau < hi) | (j == len(bands) - 1))
         out[f"sum_{band_label(lo, hi)}"] = float(abs_m[inside].sum())
         out[f"n_{band_label(lo, hi)}"] = float(inside.sum())
     log_tau = tau.log10()
