@@ -192,3 +192,11 @@ class CertificateReport(Protocol):
     "violations" (failed exact checks), "cells" (partition size), "queries" (simulator queries so far), ...}``."""
 
     def certificate_report(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class MemoryUsage(Protocol):
+    """Multi-timescale memories (004-05 ELM-Net): on a batch, ``(tau_m (N, d_m), mean |m| (N, d_m))``: each memory
+    unit's time constant and its mean absolute value over the batch's samples and steps."""
+
+    def memory_usage(self, batch: Any) -> tuple[Tensor, Tensor]: ...
