@@ -69,9 +69,9 @@ def aligned_reaches(n: int, n_bins: int, generator: torch.Generator) -> tuple[Te
     bulge = sign * (0.2 + 0.3 * torch.rand(n, generator=generator, dtype=torch.float64))
     curved = torch.rand(n, generator=generator) < 0.5
     pos, vel = minimum_jerk(start, end, onset, duration, t)
-    cpos, cvel = curved_reach(start, end, bulge, onset, duration, t)
-    pick = curved[:, None, None]
-    return torch.where(pick, cpos, pos), torch.where(pick, cvel, vel)
+    c = curved.nonzero().squeeze(1)
+    pos[c], vel[c] = curved_reach(start[c], end[c], bulge[c], onset[c], duration[c], t)
+    return pos, vel
 
 
 def movements(kind: Literal["aligned", "random_walk"], n: int, n_bins: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
