@@ -21,10 +21,12 @@ the target session's paired training trials, its penalty chosen on a held-out fi
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -404,5 +406,95 @@ class SingleSessionDecoder(BeeMOTask):
                          wiener_lags=wiener_lags, optimizer=optimizer, lr_scheduler=lr_scheduler)
 
 
+# --- analysis over the claim runs: python -m modules.beemo gain_shrink ------------------------------------------
+def gain_shrink(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Per seed, the gain ``g(n) = R^2(pretrained) - R^2(no pretraining)`` at the smallest and the largest paired
+    budget n of ``rows`` (each ``{"seed", "n", "pretrain_steps", "r2"}``), and the shrink ``g(n_min) - g(n_max)``:
+    means and 95 % t-intervals over seeds (paired by seed)."""
+    from scipy import stats
+
+    budgets = sorted({r["n"] for r in rows})
+    if len(budgets) < 2:
+        raise ConfigError(f"gain_shrink needs runs at 2 or more paired budgets, got {budgets}")
+    lo, hi = budgets[0], budgets[-1]
+    table = {(r["seed"], r["n"], r["pretrain_steps"] > 0): r["r2"] for r in rows}
+    seeds = sorted({s for s, n, p in table if all((s, b, q) in table for b in (lo, hi) for q in (False, True))})
+    if len(seeds) < 2:
+        raise ConfigError(f"gain_shrink needs 2 or more seeds with all four arms, got {seeds}")
+    gains = {b: np.array([table[(s, b, True)] - table[(s, b, False)] for s in seeds]) for b in (lo, hi)}
+    out: dict[str, float] = {"seeds": float(len(seeds)), "n_low": lo, "n_high": hi}
+    for name, values in (("gain_low", gains[lo]), ("gain_high", gains[hi]), ("shrink", gains[lo] - gains[hi])):
+        half = float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values)))
+        out.update({name: float(values.mean()), f"{name}_lo": float(values.mean()) - half,
+                    f"{name}_hi": float(values.mean()) + half})
+    return out
+
+
+def gain_shrink_analysis(sweep: str = "paired", metric: str = "test/r2", tracking_uri: str | None = None,
+                         experiment: str = "beemo") -> dict[str, Any]:
+    """Read the FINISHED child runs of sweep ``sweep`` (newest per run name), compute ``gain_shrink`` of ``metric``
+    and log it as a run ``gain_shrink <sweep>`` of the experiment (params: the sweep, its parent run, the metric)."""
+    import mlflow
+
+    from tracking.analysis_run import analysis_run, log_metrics
+    from tracking.uri import default_tracking_uri
+
+    client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ConfigError(f"no MLflow experiment {experiment!r}: run the sweep first")
+    parents = client.search_runs([exp.experiment_id], f"tags.`sweep.name` = '{sweep}' and tags.`sweep.role` = 'parent'",
+                                 order_by=["attributes.start_time DESC"])
+    if not parents:
+        raise ConfigError(f"no sweep {sweep!r} in experiment {experiment!r}: run "
+                          f"python main.py sweep --config configs/beemo/{sweep}_sweep.yaml --workers 2")
+    parent = parents[0]
+    children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+                                  order_by=["attributes.start_time DESC"])
+    rows: dict[str, dict[str, float]] = {}
+    for run in children:
+        name = run.data.tags.get("mlflow.runName", run.info.run_id)
+        if run.info.status != "FINISHED" or name in rows or metric not in run.data.metrics:
+            continue
+        p = run.data.params
+        rows[name] = {"seed": float(p["seed_everything"]), "n": float(p["data.init_args.n_target_train"]),
+                      "pretrain_steps": float(p["model.init_args.pretrain_steps"]), "r2": float(run.data.metrics[metric])}
+    result: dict[str, Any] = dict(gain_shrink(list(rows.values())))
+    tags = {"analysis": "gain_shrink", "paper": BeeMOTask.paper_id, "method": experiment}
+    params = {"sweep": sweep, "sweep_parent": parent.info.run_id, "metric": metric}
+    with analysis_run(client, experiment, f"gain_shrink {sweep}", tags, params) as run_id:
+        log_metrics(client, run_id, {f"gain_shrink/{k}": v for k, v in result.items()})
+        client.log_dict(run_id, {"runs": sorted(rows.values(), key=lambda r: (r["n"], r["pretrain_steps"], r["seed"]))},
+                        "tables/gain_shrink_runs.json")
+    result["run_id"] = run_id
+    return result
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m modules.beemo")
+    sub = parser.add_subparsers(dest="analysis", required=True)
+    p = sub.add_parser("gain_shrink", help="the pretraining gain at the smallest minus the largest paired budget")
+    p.add_argument("--sweep", default="paired")
+    p.add_argument("--metric", default="test/r2")
+    args = parser.parse_args(argv)
+    try:
+        r = gain_shrink_analysis(args.sweep, args.metric)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{args.metric} gain of pretraining over {int(r['seeds'])} seeds of sweep {args.sweep!r}: "
+          f"{r['gain_low']:.4g} [{r['gain_low_lo']:.4g}, {r['gain_low_hi']:.4g}] at n = {int(r['n_low'])}, "
+          f"{r['gain_high']:.4g} [{r['gain_high_lo']:.4g}, {r['gain_high_hi']:.4g}] at n = {int(r['n_high'])}; "
+          f"shrink {r['shrink']:.4g} [{r['shrink_lo']:.4g}, {r['shrink_hi']:.4g}] (95 %); MLflow run {r['run_id']}")
+    return 0
+
+
+
 __all__ = ["BeeMO", "BeeMOTask", "SingleSessionDecoder", "VarianceWeightedR2", "lagged_counts", "masked_mse",
-           "wiener_filter"]
+           "gain_shrink", "gain_shrink_analysis", "wiener_filter"]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -16,6 +16,7 @@ from modules.beemo import (
     BeeMOTask,
     SingleSessionDecoder,
     VarianceWeightedR2,
+    gain_shrink,
     lagged_counts,
     masked_mse,
     sinusoidal_clock,
@@ -210,3 +211,20 @@ def test_bad_input_fails_in_one_line() -> None:
         BeeMO(mask_ratio_range=(0.0, 1.0))
     with pytest.raises(ConfigError, match="multiple"):
         BeeMO(d_model=10, n_heads=4)
+
+
+def test_gain_shrink_against_a_hand_computation() -> None:
+    from scipy import stats
+
+    r2 = {(0, 25, 0): 0.30, (0, 25, 300): 0.50, (0, 200, 0): 0.60, (0, 200, 300): 0.65,
+          (1, 25, 0): 0.20, (1, 25, 300): 0.45, (1, 200, 0): 0.55, (1, 200, 300): 0.58,
+          (2, 25, 0): 0.35, (2, 25, 300): 0.48, (2, 200, 0): 0.62, (2, 200, 300): 0.61}
+    rows = [{"seed": float(s), "n": float(n), "pretrain_steps": float(p), "r2": v} for (s, n, p), v in r2.items()]
+    out = gain_shrink(rows)
+    shrink = [(r2[(s, 25, 300)] - r2[(s, 25, 0)]) - (r2[(s, 200, 300)] - r2[(s, 200, 0)]) for s in range(3)]
+    mean, sem = sum(shrink) / 3, stats.sem(shrink)
+    assert out["shrink"] == pytest.approx(mean)
+    assert out["shrink_hi"] - out["shrink"] == pytest.approx(stats.t.ppf(0.975, 2) * sem)
+    assert out["gain_low"] == pytest.approx((0.20 + 0.25 + 0.13) / 3) and out["n_low"] == 25
+    with pytest.raises(ConfigError, match="2 or more seeds"):
+        gain_shrink([r for r in rows if r["seed"] == 0])
