@@ -200,3 +200,20 @@ class MemoryUsage(Protocol):
     unit's time constant and its mean absolute value over the batch's samples and steps."""
 
     def memory_usage(self, batch: Any) -> tuple[Tensor, Tensor]: ...
+
+
+
+@runtime_checkable
+class CrossAttentionShare(Protocol):
+    """Decoders whose neural data enter through cross-attention (004-02 BeeMO): on a batch, per block, the norm of
+    the cross-attention residual relative to the norm of the block's input to that sublayer, ``(n_layers,)``."""
+
+    def cross_attention_share(self, batch: Any) -> Tensor: ...
+
+
+@runtime_checkable
+class ProvidesPairedTrials(Protocol):
+    """A DataModule with paired neural-behaviour training trials of one target session (004-02): ``(session (n,),
+    counts (n, T, U), behaviour (n, T, D))``, what a closed-form baseline (the Wiener filter) fits."""
+
+    def paired_training_set(self) -> tuple[Tensor, Tensor, Tensor]: ...
