@@ -52,6 +52,7 @@ def test_random_net_study_measures_every_net() -> None:
     assert float(out["test/d3_w5/flip"]) == pytest.approx(mean_flip, rel=1e-9)
     assert float(out["test/d3_w5/trivial"]) >= float(out["test/d3_w5/eclipse_fast"])
     assert float(out["test/d2_w5/flip_over_eclipse_max"]) <= 1 + 1e-9
+    assert float(out["test/d3_w5/seconds_flip_over_eclipse_max"]) > 0
     with pytest.raises(ConfigError, match="slope bounds"):
         RandomNetLipschitzStudy(activation="silu")
 
