@@ -192,3 +192,12 @@ class CertificateReport(Protocol):
     "violations" (failed exact checks), "cells" (partition size), "queries" (simulator queries so far), ...}``."""
 
     def certificate_report(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class SphericalSpectrum(Protocol):
+    """Spherical forecasters: complex spherical-harmonic coefficients ``(B, C, L, L)`` (``[l, m]``, zero above the
+    diagonal; ``modules.components.spherical.sht``) of the module's forecast of a batch (``source="prediction"``)
+    or of the batch's true next state (``source="target"``)."""
+
+    def spectrum(self, batch: Any, source: str = "prediction") -> Tensor: ...
