@@ -10,7 +10,10 @@ divergence-free wind ``v``:
   equivariant, not even to rolls in longitude.
 - ``control``: uniform diffusion and solid-body rotation about the polar axis. Its one-step map commutes with rolls
   in longitude (rotations about the axis), not with rotations that tilt the axis: in spectral space it is
-  ``a_lm -> exp(-kappa l (l + 1) dt) exp(-i m Omega dt) a_lm``, a phase per order ``m``.
+  ``a_lm -> exp(-kappa l (l + 1) dt) exp(-i m Omega dt) a_lm``, a phase per order ``m``, which SFNO's per-degree
+  weights cannot express.
+- ``isotropic``: uniform diffusion alone, ``a_lm -> exp(-kappa l (l + 1) dt) a_lm`` (here its implicit-Euler
+  version): equivariant to every rotation, the case SFNO's assumption describes exactly.
 - ``era5``: the paper's reanalysis (WeatherBench 2), not reachable offline; it stops with one line naming
   ``hetero``.
 
@@ -47,8 +50,8 @@ from scipy.special import sph_harm_y_all
 from datamodules.base import Split, TensorDataModule
 from errors import ConfigError
 
-Scenario = Literal["hetero", "control", "era5"]
-SCENARIOS: tuple[str, ...] = ("hetero", "control")
+Scenario = Literal["hetero", "control", "isotropic", "era5"]
+SCENARIOS: tuple[str, ...] = ("hetero", "control", "isotropic")
 DEFAULT_CONFIG = "configs/diagno/hetero_diagno.yaml"
 
 # wind and diffusivity of the two scenarios: angular speeds in radians per unit time, one step = DT
@@ -57,7 +60,7 @@ JET_NORTH = (0.22, 35.0, 12.0)   # (peak angular speed about the axis, latitude,
 JET_SOUTH = (-0.12, -35.0, 10.0)
 VORTEX = (0.5, -15.0, 90.0, 18.0)  # (peak angular speed about its centre, lat, lon, radius)
 CONTINENT = (40.0, 200.0, 35.0, 0.1)  # (lat, lon, radius in degrees, diffusivity ratio over it)
-KAPPA = 1.5e-3                        # diffusivity (per unit time), so l = 16 decays by e^-0.4 a step
+KAPPA = 1.5e-3                        # diffusivity (per unit time): l = 16 decays by about e^-0.4 a step
 SOLID_BODY = 0.15                     # control: angular speed of the solid-body rotation
 
 
@@ -149,6 +152,8 @@ def angular_velocity(p: np.ndarray, scenario: str) -> np.ndarray:
     z = np.array([0.0, 0.0, 1.0])
     if scenario == "control":
         return np.broadcast_to(SOLID_BODY * z, p.shape).copy()
+    if scenario == "isotropic":
+        return np.zeros_like(p)
     lat = np.degrees(np.arcsin(np.clip(p[:, 2], -1.0, 1.0)))
     speed = sum(a * np.exp(-(((lat - mu) / s) ** 2)) for a, mu, s in (JET_NORTH, JET_SOUTH))
     peak, vlat, vlon, radius = VORTEX
@@ -172,8 +177,8 @@ def rotate(p: np.ndarray, omega: np.ndarray, t: float) -> np.ndarray:
 
 
 def diffusivity(p: np.ndarray, scenario: str) -> np.ndarray:
-    """``kappa (n,)`` at unit vectors ``p``: uniform for ``control``, low over the continent for ``hetero``."""
-    if scenario == "control":
+    """``kappa (n,)`` at unit vectors ``p``: low over the continent for ``hetero``, else uniform."""
+    if scenario != "hetero":
         return np.full(p.shape[0], KAPPA)
     clat, clon, radius, ratio = CONTINENT
     r = np.degrees(np.arccos(np.clip(p @ _axis(clat, clon), -1.0, 1.0)))
@@ -250,7 +255,7 @@ class SpherePDEDataModule(TensorDataModule):
 
     Args:
         scenario: ``hetero`` (jet + vortex, a low-diffusivity continent), ``control`` (diffusion + solid-body
-            rotation) or ``era5`` (the paper's reanalysis: not offline).
+            rotation), ``isotropic`` (diffusion alone) or ``era5`` (the paper's reanalysis: not offline).
         n_train, n_val, n_test: trajectories per split (300 in all by default).
         n_steps: steps per trajectory (states ``0 .. n_steps``).
         rollout_steps: K, the length of the validation and test windows.
