@@ -149,6 +149,9 @@ class _SphericalOperator(nn.Module):
         self.lift = nn.Conv2d(c, width, 1)
         self.blocks = nn.ModuleList(blocks() for _ in range(n_layers))
         self.proj = nn.Conv2d(width, out_ch, 1)
+        # zero output at initialisation: a residual forecaster starts as persistence, x_{t+1} = x_t
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.lift(x)
