@@ -306,12 +306,29 @@ class SpherePDEDataModule(TensorDataModule):
         return (1, self.nlat, self.nlon)
 
     def build_splits(self) -> dict[str, Split]:
-        out: dict[str, Split] = {}
-        for i, (name, n) in enumerate((("train", self.n_train), ("val", self.n_val), ("test", self.n_test))):
-            traj = simulate(self.scenario, n, self.n_steps, self.nlat, self.nlon, seed=self.data_seed * 1000 + i)
-            horizon, stride = (1, 1) if name == "train" else (self.rollout_steps, self.window_stride)
-            out[name] = windows(traj, horizon, stride)
-        return out
+        return {name: self._build(name) for name in ("train", "val", "test")}
+
+    def _build(self, name: str) -> Split:
+        i = ("train", "val", "test").index(name)
+        n = (self.n_train, self.n_val, self.n_test)[i]
+        traj = simulate(self.scenario, n, self.n_steps, self.nlat, self.nlon, seed=self.data_seed * 1000 + i)
+        horizon, stride = (1, 1) if name == "train" else (self.rollout_steps, self.window_stride)
+        return windows(traj, horizon, stride)
+
+    def setup(self, stage: str | None = None) -> None:
+        # each split is simulated when first asked for: `test` never pays for the 240 training trajectories
+        if self.splits is None:
+            self.splits = {}
+
+    def _split(self, name: str) -> Split:
+        self.setup()
+        assert self.splits is not None
+        name = "test" if name == "predict" else name
+        if name not in ("train", "val", "test"):
+            raise ConfigError(f"{type(self).__name__} has no {name!r} split (it has ['test', 'train', 'val'])")
+        if name not in self.splits:
+            self.splits[name] = self._build(name)
+        return self.splits[name]
 
 
 __all__ = ["SCENARIOS", "SpherePDEDataModule", "analyse", "angular_velocity", "departure_points", "diffusivity", "gauss_grid", "real_basis",

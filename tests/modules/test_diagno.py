@@ -220,9 +220,12 @@ def test_datamodule_splits_windows_and_sizes() -> None:
                              nlat=8, nlon=16, batch_size=4)
     dm.setup()
     assert dm.dataset_name == "sphere_control" and dm.input_shape == (1, 8, 16)
-    x, y = dm.splits["train"]
+    x, y = dm.test_dataloader().tensors
+    assert set(dm.splits) == {"test"}  # splits are simulated when first asked for
+    x, y = dm.train_dataloader().tensors
     assert x.shape == (18, 1, 8, 16) and y.shape == (18, 1, 1, 8, 16)
     x, y = dm.splits["test"]
+    assert set(dm.splits) == {"train", "test"}
     assert x.shape == (4, 1, 8, 16) and y.shape == (4, 3, 1, 8, 16)  # starts 0 and 2 of 2 trajectories
     traj = torch.arange(2 * 7).float().reshape(2, 7, 1, 1, 1)
     wx, wy = windows(traj, 3, 2)
@@ -246,7 +249,7 @@ def test_300_trajectories_of_20_steps_on_32x64_take_under_a_minute() -> None:
 def test_task_step_metrics_and_spectrum() -> None:
     dm = SpherePDEDataModule("hetero", n_train=2, n_val=1, n_test=1, n_steps=4, rollout_steps=3, window_stride=1,
                              nlat=8, nlon=16, batch_size=4)
-    dm.setup()
+    dm.splits = dm.build_splits()
     task = SphereForecastTask(lambda s, o: DIAGNO(s, o, width=4, n_layers=1, lmax=8), rollout_steps=3,
                               input_shape=(1, 8, 16))
     assert isinstance(task, SphericalSpectrum)
