@@ -217,3 +217,13 @@ class ProvidesPairedTrials(Protocol):
     counts (n, T, U), behaviour (n, T, D))``, what a closed-form baseline (the Wiener filter) fits."""
 
     def paired_training_set(self) -> tuple[Tensor, Tensor, Tensor]: ...
+
+
+
+@runtime_checkable
+class SphericalSpectrum(Protocol):
+    """Spherical forecasters: complex spherical-harmonic coefficients ``(B, C, L, L)`` (``[l, m]``, zero above the
+    diagonal; ``modules.components.spherical.sht``) of the module's forecast of a batch (``source="prediction"``)
+    or of the batch's true next state (``source="target"``)."""
+
+    def spectrum(self, batch: Any, source: str = "prediction") -> Tensor: ...
