@@ -202,7 +202,6 @@ class MemoryUsage(Protocol):
     def memory_usage(self, batch: Any) -> tuple[Tensor, Tensor]: ...
 
 
-
 @runtime_checkable
 class CrossAttentionShare(Protocol):
     """Decoders whose neural data enter through cross-attention (004-02 BeeMO): on a batch, per block, the norm of
@@ -217,7 +216,6 @@ class ProvidesPairedTrials(Protocol):
     counts (n, T, U), behaviour (n, T, D))``, what a closed-form baseline (the Wiener filter) fits."""
 
     def paired_training_set(self) -> tuple[Tensor, Tensor, Tensor]: ...
-
 
 
 @runtime_checkable
