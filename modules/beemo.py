@@ -471,24 +471,17 @@ def gain_shrink_analysis(sweep: str = "paired", metric: str = "test/r2", trackin
 
 
 def main(argv: list[str]) -> int:
-    import argparse
+    from tracking.analysis_run import sweep_analysis_main
 
-    parser = argparse.ArgumentParser(prog="python -m modules.beemo")
-    sub = parser.add_subparsers(dest="analysis", required=True)
-    p = sub.add_parser("gain_shrink", help="the pretraining gain at the smallest minus the largest paired budget")
-    p.add_argument("--sweep", default="paired")
-    p.add_argument("--metric", default="test/r2")
-    args = parser.parse_args(argv)
-    try:
-        r = gain_shrink_analysis(args.sweep, args.metric)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"{args.metric} gain of pretraining over {int(r['seeds'])} seeds of sweep {args.sweep!r}: "
-          f"{r['gain_low']:.4g} [{r['gain_low_lo']:.4g}, {r['gain_low_hi']:.4g}] at n = {int(r['n_low'])}, "
-          f"{r['gain_high']:.4g} [{r['gain_high_lo']:.4g}, {r['gain_high_hi']:.4g}] at n = {int(r['n_high'])}; "
-          f"shrink {r['shrink']:.4g} [{r['shrink_lo']:.4g}, {r['shrink_hi']:.4g}] (95 %); MLflow run {r['run_id']}")
-    return 0
+    def describe(r: dict[str, float], sweep: str, metric: str) -> str:
+        return (f"{metric} gain of pretraining over {int(r['seeds'])} seeds of sweep {sweep!r}: "
+                f"{r['gain_low']:.4g} [{r['gain_low_lo']:.4g}, {r['gain_low_hi']:.4g}] at n = {int(r['n_low'])}, "
+                f"{r['gain_high']:.4g} [{r['gain_high_lo']:.4g}, {r['gain_high_hi']:.4g}] at n = {int(r['n_high'])}; "
+                f"shrink {r['shrink']:.4g} [{r['shrink_lo']:.4g}, {r['shrink_hi']:.4g}] (95 %); MLflow run {r['run_id']}")
+
+    return sweep_analysis_main(argv, "python -m modules.beemo", "gain_shrink",
+                               "the pretraining gain at the smallest minus the largest paired budget",
+                               ("paired", "test/r2"), gain_shrink_analysis, describe)
 
 
 

@@ -5,8 +5,9 @@ everything and FAILED when it raised."""
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,3 +40,34 @@ def log_metrics(client: Any, run_id: str, metrics: Mapping[str, float]) -> None:
 
     now = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+
+
+def sweep_analysis_main(
+    argv: list[str],
+    prog: str,
+    analysis: str,
+    help_text: str,
+    defaults: tuple[str, str],
+    run: Callable[[str, str], dict[str, float]],
+    describe: Callable[[dict[str, float], str, str], str],
+) -> int:
+    """The command line of a method's one analysis over a sweep: ``python -m <prog> <analysis> [--sweep S]
+    [--metric M]`` (``defaults``: S, M). ``run(sweep, metric)`` computes and logs; ``describe(result, sweep,
+    metric)`` is the line printed. A ``ConfigError`` is one ``error:`` line and exit code 2."""
+    import argparse
+
+    from errors import ConfigError
+
+    parser = argparse.ArgumentParser(prog=prog)
+    sub = parser.add_subparsers(dest="analysis", required=True)
+    command = sub.add_parser(analysis, help=help_text)
+    command.add_argument("--sweep", default=defaults[0])
+    command.add_argument("--metric", default=defaults[1])
+    args = parser.parse_args(argv)
+    try:
+        result = run(args.sweep, args.metric)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(describe(result, args.sweep, args.metric))
+    return 0

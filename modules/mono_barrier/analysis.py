@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -73,20 +72,13 @@ def slope_analysis(sweep: str, metric: str = "diag/certificate/queries", trackin
 
 
 def main(argv: list[str]) -> int:
-    import argparse
+    from tracking.analysis_run import sweep_analysis_main
 
-    parser = argparse.ArgumentParser(prog="python -m modules.mono_barrier")
-    sub = parser.add_subparsers(dest="analysis", required=True)
-    p = sub.add_parser("slope", help="log-log slope of queries against n over a sweep's runs, logged as a run")
-    p.add_argument("--sweep", default="scaling")
-    p.add_argument("--metric", default="diag/certificate/queries")
-    args = parser.parse_args(argv)
-    try:
-        fit = slope_analysis(args.sweep, args.metric)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"log-log slope of {args.metric} against n over {int(fit['runs'])} certified runs of sweep {args.sweep!r}: "
-          f"{fit['slope']:.4g} [{fit['slope_lo']:.4g}, {fit['slope_hi']:.4g}] (95 %), R^2 {fit['r2']:.4f}, "
-          f"{int(fit['uncertified_runs'])} uncertified runs left out; MLflow run {fit['run_id']}")
-    return 0
+    def describe(fit: dict[str, float], sweep: str, metric: str) -> str:
+        return (f"log-log slope of {metric} against n over {int(fit['runs'])} certified runs of sweep {sweep!r}: "
+                f"{fit['slope']:.4g} [{fit['slope_lo']:.4g}, {fit['slope_hi']:.4g}] (95 %), R^2 {fit['r2']:.4f}, "
+                f"{int(fit['uncertified_runs'])} uncertified runs left out; MLflow run {fit['run_id']}")
+
+    return sweep_analysis_main(argv, "python -m modules.mono_barrier", "slope",
+                               "log-log slope of queries against n over a sweep's runs, logged as a run",
+                               ("scaling", "diag/certificate/queries"), slope_analysis, describe)
