@@ -192,3 +192,11 @@ class CertificateReport(Protocol):
     "violations" (failed exact checks), "cells" (partition size), "queries" (simulator queries so far), ...}``."""
 
     def certificate_report(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class CodebookCounts(Protocol):
+    """Discrete tokenizers (paper 002-08): how often each code of the codebook is used on a batch, ``LongTensor
+    (K,)``; an empty tensor for a tokenizer whose tokens are continuous."""
+
+    def codebook_counts(self, batch: Any) -> Tensor: ...
