@@ -104,9 +104,12 @@ class SyntheticSpikesDataModule(TensorDataModule):
         gen = torch.Generator().manual_seed(self.seed_or_run(self.data_seed))
         lo, hi = self.units_range
         out = []
+        # one integration for the sessions at the common speed (the RK4 loop, not the trials, is the cost)
+        common = lorenz_latents(self.n_trials * (self.n_sessions - 1), self.n_bins, gen, self.time_per_bin)
+        fast = lorenz_latents(self.n_trials, self.n_bins, gen, self.time_per_bin * self.speedup)
+        latents = [*common.split(self.n_trials), fast]
         for s in range(self.n_sessions):
-            fast = s == self.n_sessions - 1
-            z = lorenz_latents(self.n_trials, self.n_bins, gen, self.time_per_bin * (self.speedup if fast else 1.0))
+            z = latents[s]
             n_units = int(torch.randint(lo, hi + 1, (1,), generator=gen))
             sess = draw_session(n_units, LATENT_DIM, gen, gain=self.gain, mean_rate_hz=self.mean_rate_hz)
             log_rates = sess.log_rates(z)
