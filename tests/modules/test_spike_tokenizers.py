@@ -246,3 +246,35 @@ def test_perturbations_drop_and_jitter() -> None:
         for u in range(7):
             shifts = [s for s in (-1, 0, 1) if torch.equal(jittered[b, :, u], counts[b, (torch.arange(8) - s).clamp(0, 7), u])]
             assert shifts
+
+
+# --- analyses over runs -------------------------------------------------------------------------------------------
+
+
+def test_t_interval_against_scipy() -> None:
+    from scipy import stats
+
+    from modules.spike_tokenizers.analysis import t_interval
+
+    values = [0.3, 0.1, 0.25, 0.4]
+    mean, lo, hi = t_interval(values)
+    ref = stats.t.interval(0.95, 3, loc=np.mean(values), scale=stats.sem(values))
+    assert mean == pytest.approx(np.mean(values)) and (lo, hi) == pytest.approx(ref)
+
+
+def test_dissociation_pairs_and_population_contrast_by_hand() -> None:
+    from modules.spike_tokenizers.analysis import dissociation_pairs, population_contrast
+
+    def run(bits: float, r2: float) -> dict[str, float]:
+        return {"test/bits_per_spike": bits, "test/decode_r2": r2, "drop": bits}
+
+    table = {"a": {0: run(2.0, 0.5), 1: run(2.1, 0.6)}, "b": {0: run(1.0, 0.8), 1: run(1.2, 0.8)},
+             "c": {0: run(0.5, 0.9), 1: run(0.4, 0.7)}}
+    rows = dissociation_pairs(table)
+    assert {(r["better_reconstructor"], r["better_decoder"]) for r in rows} == {("a", "b"), ("a", "c"), ("b", "c")}
+    top = rows[0]
+    assert (top["better_reconstructor"], top["better_decoder"]) == ("a", "b")
+    assert top["decode_gap"] == pytest.approx(0.25) and top["bits_gain"] == pytest.approx(0.95)
+    c = population_contrast(table, {"a": "count", "b": "vqvae", "c": "event"}, "drop")
+    # seed 0: (1.0 + 0.5) / 2 - 2.0 = -1.25; seed 1: (1.2 + 0.4) / 2 - 2.1 = -1.3
+    assert c["diff"] == pytest.approx(-1.275) and c["seeds"] == 2.0
