@@ -225,3 +225,11 @@ class SphericalSpectrum(Protocol):
     or of the batch's true next state (``source="target"``)."""
 
     def spectrum(self, batch: Any, source: str = "prediction") -> Tensor: ...
+
+
+@runtime_checkable
+class CodebookCounts(Protocol):
+    """Discrete tokenizers (paper 002-08): how often each code of the codebook is used on a batch, ``LongTensor
+    (K,)``; an empty tensor for a tokenizer whose tokens are continuous."""
+
+    def codebook_counts(self, batch: Any) -> Tensor: ...
