@@ -436,32 +436,22 @@ def gain_shrink_analysis(sweep: str = "paired", metric: str = "test/r2", trackin
     and log it as a run ``gain_shrink <sweep>`` of the experiment (params: the sweep, its parent run, the metric)."""
     import mlflow
 
-    from tracking.analysis_run import analysis_run, log_metrics
+    from tracking.analysis_run import analysis_run, finished_sweep_runs, log_metrics
     from tracking.uri import default_tracking_uri
 
     client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise ConfigError(f"no MLflow experiment {experiment!r}: run the sweep first")
-    parents = client.search_runs([exp.experiment_id], f"tags.`sweep.name` = '{sweep}' and tags.`sweep.role` = 'parent'",
-                                 order_by=["attributes.start_time DESC"])
-    if not parents:
-        raise ConfigError(f"no sweep {sweep!r} in experiment {experiment!r}: run "
-                          f"python main.py sweep --config configs/beemo/{sweep}_sweep.yaml --workers 2")
-    parent = parents[0]
-    children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
-                                  order_by=["attributes.start_time DESC"])
+    parent_id, children = finished_sweep_runs(client, experiment, sweep)
     rows: dict[str, dict[str, float]] = {}
     for run in children:
-        name = run.data.tags.get("mlflow.runName", run.info.run_id)
-        if run.info.status != "FINISHED" or name in rows or metric not in run.data.metrics:
+        name = run.info.run_name or run.info.run_id
+        if metric not in run.data.metrics:
             continue
         p = run.data.params
         rows[name] = {"seed": float(p["seed_everything"]), "n": float(p["data.init_args.n_target_train"]),
                       "pretrain_steps": float(p["model.init_args.pretrain_steps"]), "r2": float(run.data.metrics[metric])}
     result: dict[str, Any] = dict(gain_shrink(list(rows.values())))
     tags = {"analysis": "gain_shrink", "paper": BeeMOTask.paper_id, "method": experiment}
-    params = {"sweep": sweep, "sweep_parent": parent.info.run_id, "metric": metric}
+    params = {"sweep": sweep, "sweep_parent": parent_id, "metric": metric}
     with analysis_run(client, experiment, f"gain_shrink {sweep}", tags, params) as run_id:
         log_metrics(client, run_id, {f"gain_shrink/{k}": v for k, v in result.items()})
         client.log_dict(run_id, {"runs": sorted(rows.values(), key=lambda r: (r["n"], r["pretrain_steps"], r["seed"]))},

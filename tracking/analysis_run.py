@@ -71,3 +71,32 @@ def sweep_analysis_main(
         return 2
     print(describe(result, args.sweep, args.metric))
     return 0
+
+
+def finished_sweep_runs(client: Any, experiment: str, sweep: str) -> tuple[str, list[Any]]:
+    """The newest sweep ``sweep``'s parent run id in ``experiment`` and its FINISHED children, newest first, one
+    per run name (a rerun point counts once, by its newest run). A missing experiment or sweep is a
+    ``ConfigError`` naming the command that makes it (``configs/<experiment>/<sweep>_sweep.yaml``)."""
+    from mlflow.entities import ViewType
+
+    from errors import ConfigError
+
+    hint = f"python main.py sweep --config configs/{experiment}/{sweep}_sweep.yaml --workers 2"
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ConfigError(f"no MLflow experiment {experiment!r}: run the sweep first: {hint}")
+    parents = client.search_runs([exp.experiment_id],
+                                 f"tags.`sweep.name` = '{sweep}' and tags.`sweep.role` = 'parent'",
+                                 run_view_type=ViewType.ACTIVE_ONLY, order_by=["attributes.start_time DESC"],
+                                 max_results=1)
+    if not parents:
+        raise ConfigError(f"no sweep {sweep!r} in experiment {experiment!r}: run it first: {hint}")
+    parent_id = parents[0].info.run_id
+    children = client.search_runs([exp.experiment_id],
+                                  f"tags.`mlflow.parentRunId` = '{parent_id}' and attributes.status = 'FINISHED'",
+                                  run_view_type=ViewType.ACTIVE_ONLY, order_by=["attributes.start_time DESC"],
+                                  max_results=5000)
+    newest: dict[str, Any] = {}
+    for run in children:
+        newest.setdefault(run.info.run_name or run.info.run_id, run)
+    return parent_id, list(newest.values())

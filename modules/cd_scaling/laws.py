@@ -68,34 +68,12 @@ class LawsResult:
 
 def sweep_runs(client: Any, experiment: str, sweep: str) -> tuple[str, list[ScalingRun]]:
     """The sweep's parent run id and its FINISHED children (the newest run of each point)."""
-    from mlflow.entities import ViewType
+    from tracking.analysis_run import finished_sweep_runs
 
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise ConfigError(f"no MLflow experiment '{experiment}'; run the sweeps first: {SWEEP_HINT.get(sweep, 'python main.py sweep ...')}")
-    parents = client.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.`sweep.name` = '{sweep}' and tags.`sweep.role` = 'parent'",
-        run_view_type=ViewType.ACTIVE_ONLY,
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
-    if not parents:
-        hint = SWEEP_HINT.get(sweep, "python main.py sweep --config configs/cd_scaling/<sweep>.yaml --workers 2")
-        raise ConfigError(f"no sweep '{sweep}' in experiment '{experiment}'; run it first: {hint}")
-    parent_id = parents[0].info.run_id
-    children = client.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.`mlflow.parentRunId` = '{parent_id}' and attributes.status = 'FINISHED'",
-        run_view_type=ViewType.ACTIVE_ONLY,
-        order_by=["attributes.start_time DESC"],
-        max_results=5000,
-    )
+    parent_id, children = finished_sweep_runs(client, experiment, sweep)
     out: dict[str, ScalingRun] = {}
     for run in children:
         name = run.info.run_name or run.info.run_id
-        if name in out:  # a point rerun: its newest FINISHED run counts
-            continue
         m = run.data.metrics
         missing = [k for k in (LOSS, BUDGET + "n_params", BUDGET + "unique", BUDGET + "seen") if k not in m]
         if missing:

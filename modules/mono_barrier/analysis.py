@@ -31,24 +31,15 @@ def slope_analysis(sweep: str, metric: str = "diag/certificate/queries", trackin
     sweep, its parent run, the metric; metrics: the fit; table: the runs used)."""
     import mlflow
 
+    from tracking.analysis_run import finished_sweep_runs
     from tracking.uri import default_tracking_uri
 
     client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise ConfigError(f"no MLflow experiment {experiment!r}: run the sweep first")
-    parents = client.search_runs([exp.experiment_id], f"tags.`sweep.name` = '{sweep}' and tags.`sweep.role` = 'parent'",
-                                 order_by=["attributes.start_time DESC"])
-    if not parents:
-        raise ConfigError(f"no sweep {sweep!r} in experiment {experiment!r}: run "
-                          f"python main.py sweep --config configs/mono_barrier/{sweep}_sweep.yaml --workers 2")
-    parent = parents[0]
-    children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
-                                  order_by=["attributes.start_time DESC"])
+    parent_id, children = finished_sweep_runs(client, experiment, sweep)
     rows: dict[str, dict[str, float]] = {}
     for run in children:
-        name = run.data.tags.get("mlflow.runName", run.info.run_id)
-        if run.info.status != "FINISHED" or name in rows or metric not in run.data.metrics:
+        name = run.info.run_name or run.info.run_id
+        if metric not in run.data.metrics:
             continue
         n = run.data.params.get("data.init_args.n")
         if n is None:
@@ -63,7 +54,7 @@ def slope_analysis(sweep: str, metric: str = "diag/certificate/queries", trackin
     from tracking.analysis_run import analysis_run, log_metrics
 
     tags = {"analysis": "slope", "paper": MonotoneBarrierModule.paper_id, "method": experiment}
-    params = {"sweep": sweep, "sweep_parent": parent.info.run_id, "metric": metric, "x": "data.init_args.n"}
+    params = {"sweep": sweep, "sweep_parent": parent_id, "metric": metric, "x": "data.init_args.n"}
     with analysis_run(client, experiment, f"slope {sweep}", tags, params) as run_id:
         log_metrics(client, run_id, {f"slope/{k}": v for k, v in fit.items()})
         client.log_dict(run_id, {"runs": sorted(used, key=lambda r: (r["n"], r["seed"]))}, "tables/slope_runs.json")

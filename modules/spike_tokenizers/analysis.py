@@ -77,25 +77,16 @@ def read_sweep(sweep: str, metrics: tuple[str, ...], tracking_uri: str | None = 
     """``(client, parent run id, table, kind of each point)`` from the newest sweep ``sweep``'s FINISHED children."""
     import mlflow
 
+    from tracking.analysis_run import finished_sweep_runs
     from tracking.uri import default_tracking_uri
 
     client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise ConfigError(f"no MLflow experiment {experiment!r}: run the sweep first")
-    parents = client.search_runs([exp.experiment_id], f"tags.`sweep.name` = '{sweep}' and tags.`sweep.role` = 'parent'",
-                                 order_by=["attributes.start_time DESC"])
-    if not parents:
-        raise ConfigError(f"no sweep {sweep!r} in experiment {experiment!r}: run python main.py sweep "
-                          f"--config configs/spike_tokenizers/{sweep}_sweep.yaml --workers 2")
-    parent = parents[0].info.run_id
-    children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'",
-                                  order_by=["attributes.start_time DESC"])
+    parent, children = finished_sweep_runs(client, experiment, sweep)
     table: Table = {}
     kinds: dict[str, str] = {}
     for run in children:
         point, seed = run.data.tags.get("sweep.point"), run.data.tags.get("sweep.seed")
-        if run.info.status != "FINISHED" or point is None or seed is None or int(seed) in table.get(point, {}):
+        if point is None or seed is None or int(seed) in table.get(point, {}):
             continue
         if not all(m in run.data.metrics for m in metrics):
             continue
