@@ -15,7 +15,7 @@ counts are summed over ranks and the maxima maximised.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 
@@ -33,15 +33,7 @@ class AlignedChunkStats(Diagnostic):
 
     name = "aligned_chunks"
     requires = (AlignedChunks,)
-
-    def __init__(
-        self,
-        schedule: Schedule | None = None,
-        if_unsupported: Literal["error", "skip"] = "error",
-        plot: bool = True,
-        max_history: int = 10_000,
-    ) -> None:
-        super().__init__(schedule or Schedule(every_n_steps=50), if_unsupported, plot, max_history)
+    default_schedule = Schedule(every_n_steps=50)
 
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any] | None:
         batch = moment.batch if moment.batch is not None else self._batch

@@ -29,6 +29,7 @@ class CertificateVerification(Diagnostic):
 
     name = "certificate"
     requires = (CertificateReport,)
+    default_schedule = Schedule(at_fit_start=False, every_n_epochs=1)
 
     def __init__(
         self,
@@ -37,8 +38,7 @@ class CertificateVerification(Diagnostic):
         plot: bool = True,
         max_history: int = 10_000,
     ) -> None:
-        super().__init__(schedule if schedule is not None else Schedule(at_fit_start=False, every_n_epochs=1),
-                         if_unsupported, plot, max_history)
+        super().__init__(schedule, if_unsupported, plot, max_history)
 
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any] | None:
         assert isinstance(pl_module, CertificateReport)

@@ -29,6 +29,7 @@ class CodebookUsage(Diagnostic):
 
     name = "codebook_usage"
     requires = (CodebookCounts,)
+    default_schedule = Schedule(every_n_steps=50)
 
     def __init__(
         self,
@@ -37,7 +38,7 @@ class CodebookUsage(Diagnostic):
         plot: bool = False,
         max_history: int = 10_000,
     ) -> None:
-        super().__init__(schedule or Schedule(every_n_steps=50), if_unsupported, plot, max_history)
+        super().__init__(schedule, if_unsupported, plot, max_history)
 
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any] | None:
         assert isinstance(pl_module, CodebookCounts)

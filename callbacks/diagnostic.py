@@ -120,6 +120,8 @@ class Diagnostic(Callback):
     requires: ClassVar[tuple[type, ...]] = ()
     #: measure right after optimiser step s, or right before step s + 1 with its batch
     moment: ClassVar[Literal["after_step", "before_step"]] = "after_step"
+    #: the schedule when ``schedule`` is None: a subclass sets this instead of restating ``__init__``
+    default_schedule: ClassVar[Schedule] = Schedule()
 
     def __init__(
         self,
@@ -131,7 +133,7 @@ class Diagnostic(Callback):
         super().__init__()
         if max_history < 1:
             raise ConfigError(f"max_history must be positive, got {max_history}")
-        self.schedule = schedule if schedule is not None else Schedule()
+        self.schedule = schedule if schedule is not None else self.default_schedule
         if not self.schedule.ever:
             raise ConfigError(f"{type(self).__name__} would never measure: its schedule has no occasion {self.schedule}")
         self.if_unsupported = if_unsupported

@@ -33,6 +33,7 @@ class ErrorLadder(Diagnostic):
 
     name = "error_ladder"
     requires = (ProvidesErrorLadder,)
+    default_schedule = Schedule(at_fit_start=False, every_n_epochs=1)
 
     def __init__(
         self,
@@ -41,7 +42,7 @@ class ErrorLadder(Diagnostic):
         plot: bool = True,
         max_history: int = 10_000,
     ) -> None:
-        super().__init__(schedule or Schedule(at_fit_start=False, every_n_epochs=1), if_unsupported, plot, max_history)
+        super().__init__(schedule, if_unsupported, plot, max_history)
         self.last: dict[str, Any] | None = None
 
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any] | None:

@@ -57,6 +57,7 @@ class SimulatedClock(Diagnostic):
     """
 
     name = "sim_clock"
+    default_schedule = Schedule(every_n_steps=50)
 
     def __init__(
         self,
@@ -69,8 +70,7 @@ class SimulatedClock(Diagnostic):
         plot: bool = True,
         max_history: int = 10_000,
     ) -> None:
-        super().__init__(schedule if schedule is not None else Schedule(every_n_steps=50), if_unsupported, plot,
-                         max_history)
+        super().__init__(schedule, if_unsupported, plot, max_history)
         if target is not None and not (target > 0 and math.isfinite(target)):
             raise ConfigError(f"target must be a positive number, got {target}")
         if check_every_n_steps < 1:

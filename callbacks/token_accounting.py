@@ -28,6 +28,7 @@ class TokenAccounting(Diagnostic):
 
     name = "token_accounting"
     requires = (TokenBudget,)
+    default_schedule = Schedule(at_fit_start=False, every_n_epochs=1)
 
     def __init__(
         self,
@@ -36,7 +37,7 @@ class TokenAccounting(Diagnostic):
         plot: bool = False,
         max_history: int = 10_000,
     ) -> None:
-        super().__init__(schedule or Schedule(at_fit_start=False, every_n_epochs=1), if_unsupported, plot, max_history)
+        super().__init__(schedule, if_unsupported, plot, max_history)
 
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any] | None:
         assert isinstance(pl_module, TokenBudget)

@@ -147,3 +147,16 @@ def test_diagnostics_presets_stack_on_any_experiment(config, preset, paperlab_tm
     assert any(k.startswith("diag/") for k in keys), keys
     assert not math.isnan(sum(v for k, v in run.data.metrics.items() if k.startswith("diag/") and "noise" not in k
                               and math.isfinite(v)))
+
+
+def test_a_default_schedule_class_attribute_applies_when_none_is_given():
+    class _Every7(Diagnostic):
+        name = "every7"
+        default_schedule = Schedule(every_n_steps=7)
+
+        def measure(self, trainer, pl_module, moment: Moment):
+            return {}
+
+    assert _Every7().schedule == Schedule(every_n_steps=7)
+    assert _Every7(schedule=Schedule(every_n_epochs=2)).schedule == Schedule(every_n_epochs=2)
+    assert _Norm(schedule=None).schedule == Schedule()  # the base's own default
