@@ -81,6 +81,21 @@ class ResumableLoader:
         self._resume = (int(state["epoch"]), int(state["consumed"]))
 
 
+class StepLoader(ResumableLoader):
+    """``n`` batches that carry only their index: paces a loop in which the model draws its own data.
+    Resumable (``ResumableLoader``), so a checkpoint written within an epoch resumes at its step."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def batches(self, skip: int = 0) -> Iterator[Tensor]:  # type: ignore[override]
+        return (torch.tensor([k]) for k in range(skip, self.n))
+
+
 class BatchedTensorLoader(ResumableLoader):
     """Iterates over aligned tensors in batches, one gather per batch.
 

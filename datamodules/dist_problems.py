@@ -42,14 +42,13 @@ accuracy there).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from datamodules.base import PaperlabDataModule, ResumableLoader, seeded_split
+from datamodules.base import PaperlabDataModule, StepLoader, seeded_split
 from errors import ConfigError
 
 
@@ -366,21 +365,6 @@ class DigitsProblem(DistributedProblem):
         with torch.no_grad():
             acc = (self.logits(x, self.x_test).argmax(-1) == self.y_test).float().mean()
         return {"acc": float(acc)}
-
-
-class StepLoader(ResumableLoader):
-    """``n`` batches that carry only their index: paces a loop in which the model draws its own data.
-    Resumable (``ResumableLoader``), so a checkpoint written within an epoch resumes at its step."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def batches(self, skip: int = 0) -> Iterator[Tensor]:  # type: ignore[override]
-        return (torch.tensor([k]) for k in range(skip, self.n))
 
 
 class DistProblemDataModule(PaperlabDataModule):

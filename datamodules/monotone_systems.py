@@ -33,8 +33,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from datamodules.base import PaperlabDataModule
-from datamodules.dist_problems import StepLoader
+from datamodules.base import PaperlabDataModule, StepLoader
 from errors import ConfigError
 
 Step = Callable[[Tensor, Tensor], Tensor]
