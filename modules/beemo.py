@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import Metric
@@ -37,7 +36,7 @@ from errors import ConfigError
 from modules import protocols
 from modules.base import PaperTask, Stage, StepOutput, WeightedMean
 from modules.components.attention import MultiHeadCrossAttention
-from modules.components.neural_metrics import decoding_r2, ridge_fit, ridge_predict
+from modules.components.neural_metrics import decoding_r2, lagged_counts, ridge_fit, ridge_predict
 from modules.components.tiny_gpt import SelfAttention
 
 WIENER_ALPHAS = (1.0, 10.0, 100.0, 1000.0, 10000.0)
@@ -244,14 +243,6 @@ def masked_mse(pred: Tensor, target: Tensor, mask: Tensor) -> Tensor:
     """Mean squared error over the masked bins and both velocity components."""
     weight = mask[..., None].to(pred.dtype)
     return ((pred - target).square() * weight).sum() / (weight.sum() * pred.shape[-1]).clamp_min(1.0)
-
-
-def lagged_counts(counts: Tensor, lags: int) -> Tensor:
-    """``(B, T, U * lags)``: at bin t the counts of bins t, t - 1, ..., t - lags + 1 (zeros before the window),
-    lag-major: feature ``k * U + u`` is unit u at bin t - k."""
-    if lags < 1:
-        raise ConfigError(f"wiener_lags must be >= 1, got {lags}")
-    return torch.cat([F.pad(counts, (0, 0, k, 0))[:, : counts.shape[1]] for k in range(lags)], dim=-1)
 
 
 def wiener_filter(counts: Tensor, vel: Tensor, lags: int, alphas: tuple[float, ...] = WIENER_ALPHAS
@@ -475,7 +466,7 @@ def main(argv: list[str]) -> int:
 
 
 
-__all__ = ["BeeMO", "BeeMOTask", "SingleSessionDecoder", "VarianceWeightedR2", "lagged_counts", "masked_mse",
+__all__ = ["BeeMO", "BeeMOTask", "SingleSessionDecoder", "VarianceWeightedR2", "masked_mse",
            "gain_shrink", "gain_shrink_analysis", "wiener_filter"]
 
 

@@ -6,7 +6,7 @@
   ``r2_score(..., multioutput="variance_weighted")``).
 - ``linear_cka``: linear centred kernel alignment of two representations of the same samples.
 - ``ridge_fit`` / ``ridge_predict``: closed-form ridge regression with an unpenalised intercept, the linear probe on
-  frozen tokens and the Wiener filter on lagged counts.
+  frozen tokens and the Wiener filter on lagged counts (``lagged_counts``).
 
 All of them work in the inputs' dtype; float64 inputs give float64 results.
 """
@@ -71,6 +71,14 @@ def linear_cka(x: Tensor, y: Tensor) -> Tensor:
     yc = y - y.mean(dim=0)
     cross = torch.linalg.matrix_norm(yc.T @ xc).square()
     return cross / (torch.linalg.matrix_norm(xc.T @ xc) * torch.linalg.matrix_norm(yc.T @ yc))
+
+
+def lagged_counts(counts: Tensor, lags: int) -> Tensor:
+    """``(n, T, U * lags)``: at bin t the counts of bins t, t - 1, ..., t - lags + 1 (zeros before a trial's start),
+    lag-major: feature ``k * U + u`` is unit u at bin t - k. The Wiener filter's inputs."""
+    if lags < 1:
+        raise ConfigError(f"the Wiener filter needs lags >= 1, got {lags}")
+    return torch.cat([torch.nn.functional.pad(counts, (0, 0, k, 0))[:, : counts.shape[1]] for k in range(lags)], dim=-1)
 
 
 def ridge_fit(features: Tensor, targets: Tensor, alpha: float = 1.0) -> tuple[Tensor, Tensor]:

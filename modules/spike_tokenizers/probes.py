@@ -68,14 +68,6 @@ class RidgeProbe:
         return ridge_predict(flat, self.weights, self.intercept).reshape(*x.shape[:-1], -1)
 
 
-def lagged(counts: Tensor, lags: int) -> Tensor:
-    """Causal lags of ``counts (n, T, U)``: ``(n, T, U * lags)``, lag 0 first, zeros before a trial's start."""
-    if lags < 1:
-        raise ConfigError(f"the Wiener filter needs lags >= 1, got {lags}")
-    parts = [torch.nn.functional.pad(counts, (0, 0, k, 0))[:, : counts.shape[1]] for k in range(lags)]
-    return torch.cat(parts, dim=-1)
-
-
 def pca_basis(cov: Tensor, k: int) -> Tensor:
     """The ``k`` leading eigenvectors ``(D, k)`` of a covariance ``(D, D)``, largest first."""
     _, vecs = torch.linalg.eigh(cov)
@@ -113,4 +105,4 @@ def jitter_spikes(counts: Tensor, generator: torch.Generator) -> Tensor:
     return counts.gather(1, idx.expand(n, t, u))
 
 
-__all__ = ["RidgeProbe", "drop_units", "fano_factors", "jitter_spikes", "lagged", "pairwise_correlations", "pca_basis"]
+__all__ = ["RidgeProbe", "drop_units", "fano_factors", "jitter_spikes", "pairwise_correlations", "pca_basis"]

@@ -37,14 +37,13 @@ from torch import Tensor
 
 from errors import ConfigError
 from modules.base import PaperTask, Stage, StepOutput, default_optimizer
-from modules.components.neural_metrics import bits_per_spike, decoding_r2, linear_cka
+from modules.components.neural_metrics import bits_per_spike, decoding_r2, lagged_counts, linear_cka
 from modules.components.vector_quantizer import codebook_perplexity
 from modules.spike_tokenizers.probes import (
     RidgeProbe,
     drop_units,
     fano_factors,
     jitter_spikes,
-    lagged,
     pairwise_correlations,
     pca_basis,
 )
@@ -232,7 +231,7 @@ class SpikeTokenizerAE(PaperTask):
         tr_feats, tr_behaviour = self._probe["features"][tr], self._probe["behaviour"][tr]
         tr_counts = self._probe["counts"][tr][..., units]
         probe = RidgeProbe(self.probe_alphas).fit(tr_feats, tr_behaviour)
-        wiener = RidgeProbe(self.probe_alphas).fit(lagged(tr_counts, self.wiener_lags), tr_behaviour)
+        wiener = RidgeProbe(self.probe_alphas).fit(lagged_counts(tr_counts, self.wiener_lags), tr_behaviour)
         encoder = RidgeProbe(self.probe_alphas).fit(tr_behaviour, (tr_feats - probe.mean) / probe.std)
         sampled = torch.poisson(recon, generator=self._gen)
         flat_feats = feats.reshape(-1, feats.shape[-1])
@@ -240,7 +239,7 @@ class SpikeTokenizerAE(PaperTask):
             "bits_per_spike": float(bits_per_spike(recon.double(), counts.double())),
             "oracle_bits_per_spike": float(bits_per_spike(rates.double().clamp_min(1e-9), counts.double())),
             "decode_r2": float(decoding_r2(probe.predict(feats), behaviour)),
-            "supervised_r2": float(decoding_r2(wiener.predict(lagged(counts, self.wiener_lags)), behaviour)),
+            "supervised_r2": float(decoding_r2(wiener.predict(lagged_counts(counts, self.wiener_lags)), behaviour)),
             "encode_r2": float(decoding_r2(encoder.predict(behaviour), (feats - probe.mean) / probe.std)),
             "latent_cka": float(linear_cka(flat_feats.double(), test["latents"][pick].reshape(-1, 3).double())),
             "fano_error": float((fano_factors(sampled) - fano_factors(counts)).abs().mean()),

@@ -17,12 +17,11 @@ from modules.beemo import (
     SingleSessionDecoder,
     VarianceWeightedR2,
     gain_shrink,
-    lagged_counts,
     masked_mse,
     sinusoidal_clock,
     wiener_filter,
 )
-from modules.components.neural_metrics import decoding_r2, ridge_predict
+from modules.components.neural_metrics import decoding_r2, lagged_counts, ridge_predict
 from modules.protocols import CrossAttentionShare
 
 

@@ -11,6 +11,7 @@ import torch
 from scipy.stats import entropy
 
 from errors import ConfigError
+from modules.components.neural_metrics import lagged_counts
 from modules.components.vector_quantizer import EMAVectorQuantizer, codebook_perplexity
 from modules.spike_tokenizers import SpikeTokenizerAE, build_tokenizer, poisson_nll, token_bits_per_second
 from modules.spike_tokenizers.probes import (
@@ -18,7 +19,6 @@ from modules.spike_tokenizers.probes import (
     drop_units,
     fano_factors,
     jitter_spikes,
-    lagged,
     pairwise_correlations,
     pca_basis,
 )
@@ -194,7 +194,7 @@ def test_task_refuses_bad_arguments() -> None:
 
 def test_lagged_matches_a_naive_loop() -> None:
     counts, _ = _counts(b=2, t=6, u=3)
-    out = lagged(counts, 3)
+    out = lagged_counts(counts, 3)
     for b in range(2):
         for t in range(6):
             for lag in range(3):
