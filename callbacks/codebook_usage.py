@@ -9,7 +9,7 @@ masquerade as a poor tokenizer; this is the check. A module with continuous toke
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 import torch
@@ -29,16 +29,9 @@ class CodebookUsage(Diagnostic):
 
     name = "codebook_usage"
     requires = (CodebookCounts,)
+    default_plot = False
     default_schedule = Schedule(every_n_steps=50)
 
-    def __init__(
-        self,
-        schedule: Schedule | None = None,
-        if_unsupported: Literal["error", "skip"] = "error",
-        plot: bool = False,
-        max_history: int = 10_000,
-    ) -> None:
-        super().__init__(schedule, if_unsupported, plot, max_history)
 
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any] | None:
         assert isinstance(pl_module, CodebookCounts)

@@ -110,7 +110,7 @@ class Diagnostic(Callback):
         schedule: when to measure.
         if_unsupported: ``error`` (default) when the model lacks what the diagnostic needs, or ``skip``:
             say so once and do nothing (for presets stacked on any experiment).
-        plot: log the diagnostic's figure at the end of fit.
+        plot: log the diagnostic's figure at the end of fit (None: the class's ``default_plot``).
         max_history: measurements kept for the figure (and in checkpoints).
     """
 
@@ -122,12 +122,14 @@ class Diagnostic(Callback):
     moment: ClassVar[Literal["after_step", "before_step"]] = "after_step"
     #: the schedule when ``schedule`` is None: a subclass sets this instead of restating ``__init__``
     default_schedule: ClassVar[Schedule] = Schedule()
+    #: whether to log the figure when ``plot`` is None (a subclass without a useful figure sets False)
+    default_plot: ClassVar[bool] = True
 
     def __init__(
         self,
         schedule: Schedule | None = None,
         if_unsupported: Literal["error", "skip"] = "error",
-        plot: bool = True,
+        plot: bool | None = None,
         max_history: int = 10_000,
     ) -> None:
         super().__init__()
@@ -137,7 +139,7 @@ class Diagnostic(Callback):
         if not self.schedule.ever:
             raise ConfigError(f"{type(self).__name__} would never measure: its schedule has no occasion {self.schedule}")
         self.if_unsupported = if_unsupported
-        self.plot = plot
+        self.plot = plot if plot is not None else self.default_plot
         self.max_history = max_history
         self.history: list[dict[str, float]] = []
         self.active = True

@@ -9,7 +9,7 @@ each rank would see its own shard, so the values are rank 0's.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 
@@ -28,15 +28,8 @@ class LaplaceEvidence(Diagnostic):
 
     name = "laplace_evidence"
     requires = (protocols.LaplaceEvidenceSource,)
-
-    def __init__(
-        self,
-        schedule: Schedule = Schedule(at_fit_start=False, at_validation=True),
-        if_unsupported: Literal["error", "skip"] = "error",
-        plot: bool = False,
-        max_history: int = 10_000,
-    ) -> None:
-        super().__init__(schedule, if_unsupported, plot, max_history)
+    default_schedule = Schedule(at_fit_start=False, at_validation=True)
+    default_plot = False
 
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any] | None:
         batch = moment.batch if moment.batch is not None else self._batch

@@ -10,7 +10,7 @@ on every rank.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 
@@ -28,16 +28,9 @@ class TokenAccounting(Diagnostic):
 
     name = "token_accounting"
     requires = (TokenBudget,)
+    default_plot = False
     default_schedule = Schedule(at_fit_start=False, every_n_epochs=1)
 
-    def __init__(
-        self,
-        schedule: Schedule | None = None,
-        if_unsupported: Literal["error", "skip"] = "error",
-        plot: bool = False,
-        max_history: int = 10_000,
-    ) -> None:
-        super().__init__(schedule, if_unsupported, plot, max_history)
 
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any] | None:
         assert isinstance(pl_module, TokenBudget)

@@ -160,3 +160,22 @@ def test_a_default_schedule_class_attribute_applies_when_none_is_given():
     assert _Every7().schedule == Schedule(every_n_steps=7)
     assert _Every7(schedule=Schedule(every_n_epochs=2)).schedule == Schedule(every_n_epochs=2)
     assert _Norm(schedule=None).schedule == Schedule()  # the base's own default
+
+
+def test_a_default_plot_class_attribute_applies_when_plot_is_none():
+    class _Every7(Diagnostic):
+        name = "every7"
+
+        def measure(self, trainer, pl_module, moment: Moment):
+            return {}
+
+    class _NoFigure(Diagnostic):
+        name = "no_figure"
+        default_plot = False
+
+        def measure(self, trainer, pl_module, moment: Moment):
+            return {}
+
+    assert _NoFigure().plot is False
+    assert _NoFigure(plot=True).plot is True
+    assert _Every7().plot is True  # the base's own default
