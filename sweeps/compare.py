@@ -11,7 +11,7 @@ With ``--x q`` (a metric or a numeric param, for example a diagnostic at initial
 scatter of ``m`` against ``q`` over runs, with Spearman's rank correlation ``\\rho`` and its p-value.
 
 This file holds the ``compare`` function, which groups the runs and fills in a ``Comparison``
-(``sweeps/comparison.py``); the runs come from ``sweeps/load.py``, the numbers from ``sweeps/stats.py``,
+(``sweeps/comparison.py``); the runs come from ``sweeps/load.py``, the numbers from ``modules/components/stats.py``,
 and ``sweeps/output.py`` prints and draws the result.
 """
 
@@ -23,6 +23,15 @@ import math
 import re
 from typing import Any
 
+from modules.components.stats import (
+    bootstrap_spearman,
+    mean_point,
+    paired_difference,
+    paired_ratio,
+    spearman,
+    summarize,
+    welch,
+)
 from sweeps.comparison import Comparison, Group, Row, sort_key
 from sweeps.load import (
     AGGREGATES,
@@ -37,15 +46,6 @@ from sweeps.load import (
 )
 from sweeps.output import short_label
 from sweeps.spec import SweepError
-from sweeps.stats import (
-    bootstrap_spearman,
-    mean_point,
-    paired_difference,
-    paired_ratio,
-    spearman,
-    summarize,
-    welch,
-)
 
 # Metrics where lower is better: losses and errors, bits per byte/char, barriers, divergences, times, counts of
 # queries or violations. Anything else (accuracy, PSNR, R^2, throughput) is best at its maximum.

@@ -26,6 +26,7 @@ import numpy as np
 
 from errors import ConfigError
 from modules.components.scaling_laws import ChinchillaLaw, EffectivenessLaw, fit_chinchilla, fit_effectiveness
+from modules.components.stats import summarize
 
 EXPERIMENT = "cd_scaling"
 LOSS = "val/loss"
@@ -125,6 +126,8 @@ def analyse(anchors: list[ScalingRun], repeat: list[ScalingRun]) -> LawsResult:
         cell: dict[str, Any] = {"N": n, "U": u, "epochs": ep, "runs": len(members)}
         for key in ("val_loss", "D_eff", "eta_bar", "eta_bar_cd"):
             cell[key] = float(np.mean([m[key] for m in members]))  # NaN when a run is below the law's floor
+        # the seeds' spread of the measured eta_bar (through the one law: the law's own error is not in it)
+        _, cell["eta_bar_std"], cell["eta_bar_lo"], cell["eta_bar_hi"] = summarize([m["eta_bar"] for m in members])
         cells.append(cell)
     result = LawsResult(law, cd, constant, anchors, repeat, rows, cells)
     result.claims = claims(cells, cd.rmse, constant.rmse)
@@ -142,18 +145,24 @@ def claims(cells: list[dict[str, Any]], rmse_cd: float, rmse_constant: float) ->
         "cells": float(len(eta)),
         "cells_defined": float(len(finite)),
         "cells_eta_below_1": float(sum(v < 1 for v in finite)),
+        # cells whose 95 % interval over seeds lies below 1 (NaN bounds, e.g. one seed, do not count)
+        "cells_eta_interval_below_1": float(sum(c.get("eta_bar_hi", math.nan) < 1 for c in cells)),
     }
     # falling with epochs, and the last epoch count below half the first, per (N, U)
     lo, hi = epochs[0], epochs[-1]
-    falling = halved = pairs = 0
+    falling = lower_last = halved = pairs = 0
     for n in sizes:
         for u in uniques:
             series = [eta.get((n, u, e), math.nan) for e in epochs]
             pairs += 1
             falling += all(b < a for a, b in zip(series, series[1:]))
+            lower_last += series[-1] < series[0]
             halved += series[-1] < 0.5 * series[0]
+    last_below_1 = sum(c.get("eta_bar_hi", math.nan) < 1 for c in cells if c["epochs"] == hi)
     out.update({"pairs_NU": float(pairs), "pairs_falling_with_epochs": float(falling),
-                f"pairs_eta{hi}_below_half_eta{lo}": float(halved)})
+                f"pairs_eta{hi}_below_eta{lo}": float(lower_last),
+                f"pairs_eta{hi}_below_half_eta{lo}": float(halved),
+                f"cells_eta{hi}_interval_below_1": float(last_below_1)})
     # lower at the largest N than at the smallest, per (U, epochs)
     small, large = sizes[0], sizes[-1]
     lower = sum(eta.get((large, u, e), math.nan) < eta.get((small, u, e), math.nan) for u in uniques for e in epochs)
@@ -264,12 +273,17 @@ def report(result: LawsResult) -> str:
         f"cd form ({len(result.repeat)} runs): R* = {result.cd.c0:.4g} N^-{result.cd.a:.4g} (U/N)^{result.cd.b:.4g}"
         f"   rmse {result.cd.rmse:.4g}",
         f"constant form: R* = {result.constant.c0:.4g}   rmse {result.constant.rmse:.4g}",
-        f"{'N':>8} {'U':>8} {'epochs':>6} {'val_loss':>9} {'D_eff':>10} {'eta_bar':>8} {'eta_cd':>8}",
+        f"{'N':>8} {'U':>8} {'epochs':>6} {'val_loss':>9} {'D_eff':>10} {'eta_bar':>8} {'95% CI (seeds)':>17} {'eta_cd':>8}",
     ]
     for c in result.cells:
         lines.append(f"{c['N']:>8.0f} {c['U']:>8.0f} {c['epochs']:>6d} {c['val_loss']:>9.4f} {c['D_eff']:>10.4g} "
-                     f"{c['eta_bar']:>8.4f} {c['eta_bar_cd']:>8.4f}")
+                     f"{c['eta_bar']:>8.4f} {_interval(c):>17} {c['eta_bar_cd']:>8.4f}")
     lines += [f"{k}: {v:.4g}" for k, v in result.claims.items()]
     if result.run_id:
         lines.append(f"logged: run fit_laws {result.run_id} in experiment cd_scaling")
     return "\n".join(lines)
+
+
+def _interval(cell: dict[str, Any]) -> str:
+    lo, hi = cell.get("eta_bar_lo", math.nan), cell.get("eta_bar_hi", math.nan)
+    return "-" if math.isnan(lo) else f"[{lo:.3f}, {hi:.3f}]"

@@ -212,16 +212,18 @@ def test_claims_counts_against_a_naive_reading() -> None:
         c["eta_bar"] = v
     out = claims(cells, rmse_cd=0.01, rmse_constant=0.04)
     eta = {(c["N"], c["U"], c["epochs"]): c["eta_bar"] for c in cells}
-    falling = halved = 0
+    falling = lower8 = halved = 0
     for n in (1.0, 2.0, 3.0):
         for u in (10.0, 20.0):
             a, b, c = eta[(n, u, 2)], eta[(n, u, 4)], eta[(n, u, 8)]
             falling += int(b < a and c < b)
+            lower8 += int(c < a)
             halved += int(c < 0.5 * a)
     lower = sum(int(eta[(3.0, u, e)] < eta[(1.0, u, e)]) for u in (10.0, 20.0) for e in (2, 4, 8))
     assert out["cells"] == 18 and out["cells_defined"] == 17
     assert out["cells_eta_below_1"] == sum(v < 1 for v in eta.values() if not math.isnan(v))
     assert (out["pairs_falling_with_epochs"], out["pairs_eta8_below_half_eta2"]) == (falling, halved)
+    assert out["pairs_eta8_below_eta2"] == lower8 and lower8 > halved
     assert falling >= 1 and halved >= 1
     assert out["cells_lower_at_largest_N"] == lower and out["cells_U_epochs"] == 6
     assert out["rmse_reduction_cd_vs_constant"] == pytest.approx(0.75)
@@ -233,3 +235,25 @@ def test_an_endless_run_has_no_schedule(paperlab_tmp: Any) -> None:
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
     with pytest.raises(ConfigError, match="max_epochs"):
         trainer.fit(CDScalingLM(net=_tiny, input_shape=(BLOCK,), num_classes=128), dm)
+
+
+def test_each_cell_carries_the_student_t_interval_of_its_seeds_eta_bar() -> None:
+    from scipy import stats
+
+    anchors, repeat = _planted_runs()
+    rng = np.random.default_rng(1)
+    seeds = [ScalingRun(f"{r.name}_s{s}", r.N, r.U, r.D, r.L * float(np.exp(rng.normal(0, 0.01))))
+             for r in repeat for s in range(3)]
+    result = analyse(anchors, seeds)
+    rows = {}
+    for row in result.runs:
+        rows.setdefault((row["N"], row["U"], row["epochs"]), []).append(row["eta_bar"])
+    assert len(result.cells) == len(repeat)
+    for cell in result.cells:
+        etas = rows[(cell["N"], cell["U"], cell["epochs"])]
+        assert len(etas) == cell["runs"] == 3
+        lo, hi = stats.t.interval(0.95, 2, loc=np.mean(etas), scale=stats.sem(etas))
+        assert (cell["eta_bar_lo"], cell["eta_bar_hi"]) == pytest.approx((lo, hi), rel=1e-9)
+    below = [c["eta_bar_hi"] < 1 for c in result.cells]
+    assert result.claims["cells_eta_interval_below_1"] == sum(below)
+    assert result.claims["cells_eta8_interval_below_1"] == sum(b for b, c in zip(below, result.cells) if c["epochs"] == 8)

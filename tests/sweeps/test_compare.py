@@ -204,7 +204,7 @@ def test_spearman_p_is_exact_on_few_points() -> None:
 
     from scipy import stats
 
-    from sweeps.stats import spearman as _spearman
+    from modules.components.stats import spearman as _spearman
 
     rho, p = _spearman([(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)])
     assert rho == pytest.approx(1.0) and p == pytest.approx(2 / 6)  # 2 of the 3! orders reach |rho| = 1

@@ -4,7 +4,8 @@ interval (``summarize``), a paired ratio and a paired difference to a baseline (
 p-value on few points (``spearman``), and a cluster bootstrap interval of rho (``bootstrap_spearman``).
 
 numpy, scipy and the standard library only: no MLflow, no torch, no runs or groups, so that each number
-can be checked on its own. numpy and scipy are imported inside the functions, as before the split, so that
+can be checked on its own. ``compare`` uses them, and so does a method's own analysis (``cd_scaling``'s
+per-cell intervals over seeds). numpy and scipy are imported inside the functions, as before the split, so that
 ``main.py compare --help`` does not pay for them.
 """
 
