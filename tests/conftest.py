@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from tests.helpers import MlflowUI
 
 # Tiny models run fastest on one intra-op thread, and CI has two cores for the whole suite.
 torch.set_num_threads(1)
@@ -26,6 +36,46 @@ def _migrated_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
     mlflow.MlflowClient(f"sqlite:///{path}").search_experiments()
     return path
+
+
+UI_STARTUP_TIMEOUT = 180.0  # seconds; the server answers /health after ~10 s on an idle 2-core machine
+
+
+@pytest.fixture(scope="session")
+def mlflow_ui(tmp_path_factory: pytest.TempPathFactory, _migrated_mlflow_db: Path) -> Iterator[MlflowUI]:
+    """One MLflow server for the session (starting one costs ~10 s of CPU): the ``ui`` command's test reads what
+    it printed, the tracking-server test logs a fit and a sweep to it. Each test uses its own experiment. At the
+    end the command is stopped as a ``timeout`` stops it (SIGTERM), and nothing may be left listening."""
+    from tests.helpers import MlflowUI, store_with_a_run
+
+    root = tmp_path_factory.mktemp("mlflow-ui")
+    db, artifacts, log_path = root / "mlflow.db", root / "artifacts", root / "ui.log"
+    shutil.copy(_migrated_mlflow_db, db)
+    artifacts.mkdir()
+    store_uri, experiment_id = store_with_a_run(db, "ui_links")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": store_uri, "MLFLOW_ARTIFACTS_DESTINATION": str(artifacts),
+           "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    # its output goes to a file: a pipe nobody reads would block the server once its logs fill it
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, str(REPO / "main.py"), "ui", "--port", str(port)], cwd=root,
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + UI_STARTUP_TIMEOUT
+        while "/#/experiments/" not in log_path.read_text():  # the links come once the server answers /health
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"python main.py ui did not print its links (exit code {proc.poll()}):\n"
+                            + log_path.read_text()[-3000:])
+            time.sleep(0.2)
+        yield MlflowUI(f"http://127.0.0.1:{port}", port, store_uri, artifacts, experiment_id, log_path.read_text())
+    finally:
+        proc.send_signal(signal.SIGTERM)  # the command stops the server it started
+        proc.wait(timeout=60)
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            pytest.fail(f"something still listens on port {port} after python main.py ui was stopped")
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,32 @@ def runs_of(experiment: str) -> list[mlflow.entities.Run]:
     if exp is None:
         return []
     return client_.search_runs([exp.experiment_id], run_view_type=mlflow.entities.ViewType.ALL)
+
+
+@dataclass(frozen=True)
+class MlflowUI:
+    """The session's MLflow server, started by ``python main.py ui`` (``mlflow ui``: served artifacts)."""
+
+    url: str  # http://127.0.0.1:<port>: a tracking URI and the UI
+    port: int
+    store_uri: str  # its sqlite backend
+    artifacts: Path  # where the served artifacts land
+    experiment_id: str  # "ui_links": one run in the store before the server started
+    output: str  # what the command printed once the server answered (the links)
+
+
+def store_with_a_run(path: Path, experiment: str = "mlp_classifier") -> tuple[str, str]:
+    """A sqlite store at ``path`` (already migrated) holding one FINISHED run that overrode the learning rate:
+    the store's URI and the experiment's id."""
+    uri = f"sqlite:///{path}"
+    client_ = mlflow.MlflowClient(uri)
+    exp = client_.create_experiment(experiment)
+    run = client_.create_run(exp, run_name="yinyang lr=0.003", tags={"overrides": "--model.optimizer.lr 0.003"})
+    client_.log_param(run.info.run_id, "model.init_args.optimizer.init_args.lr", "0.003")
+    client_.log_metric(run.info.run_id, "val/acc", 0.9)
+    client_.log_metric(run.info.run_id, "val/acc_best", 0.93)
+    client_.set_terminated(run.info.run_id)
+    return uri, exp
 
 
 SIGKILL = signal.SIGKILL
