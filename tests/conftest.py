@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,14 +29,43 @@ REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ("tests.timing_report",)
 
 
-@pytest.fixture(scope="session")
-def _migrated_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty MLflow sqlite store, migrated once: creating one costs seconds of schema migrations."""
+def _migrated_store(path: Path) -> Path:
     import mlflow
 
-    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
     mlflow.MlflowClient(f"sqlite:///{path}").search_experiments()
     return path
+
+
+_TEMPLATE = pytest.StashKey[Path]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Migrate the MLflow store template before the first test when a collected test needs one: its seconds of
+    schema migrations are the session's, not a cost of whichever test happens to come first (the per-method
+    time table would bill them all to one method)."""
+    if session.config.option.collectonly:
+        return
+    needed = set().union(*(getattr(item, "fixturenames", ()) for item in session.items))
+    if "_migrated_mlflow_db" in needed:
+        folder = Path(tempfile.mkdtemp(prefix="paperlab-mlflow-template-"))
+        session.config.stash[_TEMPLATE] = _migrated_store(folder / "mlflow.db")
+    if "hub_offline" in needed:  # the same for the hub libraries that fixture imports (about a second)
+        import datasets.config  # noqa: F401
+        import huggingface_hub.constants  # noqa: F401
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    template = config.stash.get(_TEMPLATE, None)
+    if template is not None:
+        shutil.rmtree(template.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def _migrated_mlflow_db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty MLflow sqlite store, migrated once: creating one costs seconds of schema migrations. Each test
+    copies it (``paperlab_tmp``)."""
+    template = request.config.stash.get(_TEMPLATE, None)
+    return template if template is not None else _migrated_store(tmp_path_factory.mktemp("mlflow-template") / "mlflow.db")
 
 
 UI_STARTUP_TIMEOUT = 180.0  # seconds; the server answers /health after ~10 s on an idle 2-core machine
