@@ -30,9 +30,18 @@ pytest_plugins = ("tests.timing_report",)
 
 
 def _migrated_store(path: Path) -> Path:
+    import logging
+
     import mlflow
 
-    mlflow.MlflowClient(f"sqlite:///{path}").search_experiments()
+    # outside a test nothing captures MLflow's "Creating initial MLflow database tables" lines: keep them quiet
+    log = logging.getLogger("mlflow.store.db.utils")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        mlflow.MlflowClient(f"sqlite:///{path}").search_experiments()
+    finally:
+        log.setLevel(level)
     return path
 
 
