@@ -55,6 +55,62 @@ def run_main(args: list[str], cwd: Path, env: dict[str, str] | None = None, time
                           capture_output=True, text=True, timeout=timeout, preexec_fn=_sigint_as_in_a_terminal)
 
 
+# What the fork server of fork_main imports once (the sweep workers' fork server, if it started first, has these)
+_FORK_PRELOAD = ["main", "lightning_cli", "mlflow", "mlflow.store.tracking.sqlalchemy_store", "tests.helpers"]
+
+
+def forked(target: Any, *args: Any) -> Any:
+    """``target(*args)`` started in a process forked from this session's fork server, which imported torch,
+    Lightning and MLflow once: a separate process (to kill -9, to signal) without a fresh interpreter's imports.
+    The target must be importable (a module-level function). Returns the started ``multiprocessing`` process."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_FORK_PRELOAD)  # no effect once this process's fork server runs
+    proc = ctx.Process(target=target, args=args)
+    proc.start()
+    return proc
+
+
+def fork_main(args: list[str], cwd: Path, env: dict[str, str] | None = None,
+              timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python main.py <args>`` as ``run_main`` runs it, in a process forked from a fork server that imported
+    torch, Lightning and MLflow once per session (as the sweep workers are): the 4-7 s of imports of a fresh
+    interpreter are paid once, not per call. For the tests whose point is a separate process (kill -9, Ctrl-C,
+    its exit code and output); a test of the interpreter's own start (the ddp launcher re-runs ``sys.argv``,
+    libraries that read the environment when imported) keeps ``run_main``."""
+    import tempfile
+
+    full_env = {**os.environ, "CI": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        proc = forked(_forked_main, args, str(cwd), full_env, str(out), str(err))
+        proc.join(timeout)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+            raise subprocess.TimeoutExpired(["main.py", *args], timeout)
+        return subprocess.CompletedProcess(["main.py", *args], proc.exitcode, out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))
+
+
+def _forked_main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """The child of ``fork_main``: the working folder, environment, Ctrl-C handling and file descriptors 1 and 2
+    a fresh ``python main.py`` would have, then its exit code."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # what Python installs in a terminal
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    from main import cli_main
+
+    sys.argv = [str(REPO / "main.py"), *args]
+    sys.exit(cli_main(args))
+
+
 def _sigint_as_in_a_terminal() -> None:
     # a suite started in the background (`pytest &` in a script) inherits SIGINT ignored, and Python then
     # installs no KeyboardInterrupt handler: give the child the default, as a terminal would

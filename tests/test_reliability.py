@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from main import cli_main
-from tests.helpers import REPO, SIGKILL, client, run_main, runs_of
+from tests.helpers import REPO, SIGKILL, client, fork_main, run_main, runs_of
 
 BASE = str(REPO / "configs/mlp_classifier/yinyang.yaml")
 # 600 samples / batch 32 = 19 steps an epoch
@@ -34,7 +34,7 @@ def _kill_at(step: int, paperlab_tmp: Path, extra: list[str], name: str) -> None
     killer = paperlab_tmp / f"killer_{name}.yaml"
     killer.write_text(yaml.safe_dump({"trainer": {"callbacks": [
         {"class_path": "tests.helpers.SignalAtStep", "init_args": {"step": step, "signum": int(SIGKILL)}}]}}))
-    proc = run_main(["fit", "--config", BASE, "--config", str(killer), *SMALL, *extra, "--run.name", name],
+    proc = fork_main(["fit", "--config", BASE, "--config", str(killer), *SMALL, *extra, "--run.name", name],
                     cwd=paperlab_tmp)
     assert proc.returncode == -int(SIGKILL), proc.stderr[-2000:]
 
