@@ -273,7 +273,9 @@ def _missing_file(raw: str, argv: list[str]) -> str | None:
     return f"{option} {missing}: no such file; did you mean {shown}?"
 
 
-def _argument_error(err: Exception, argv: list[str]) -> str:
+def argument_error(err: Exception, argv: list[str]) -> str:
+    """The one line for a command line jsonargparse refuses (``argv``: the training command's arguments): the
+    closest option, key, class or config file where there is one, else jsonargparse's message cleaned."""
     raw = str(err)
     message = clean_error(raw)
     if argv[:1] and argv[0] in TRAINING and "--config" not in argv and "required" in message:
@@ -364,7 +366,7 @@ def run_training(argv: list[str]) -> int:
     try:
         PaperlabCLI(args=None)
     except ArgumentError as err:
-        print(f"error: {_argument_error(err, argv)}", file=sys.stderr)
+        print(f"error: {argument_error(err, argv)}", file=sys.stderr)
         print(f"(python main.py {argv[0] if argv[0] in TRAINING else 'fit'} --help lists every option)", file=sys.stderr)
         return 2
     except SystemExit as exit_:

@@ -316,16 +316,62 @@ def expand(spec: SweepSpec) -> list[Point]:
 # Validation against the base config (needs the CLI, imported lazily so that parsing stays cheap).
 
 
-def print_config(base: Path, extra: list[str] | None = None) -> dict[str, Any]:
-    """The resolved config of ``fit --config base <extra>``, parsed in process (nothing is instantiated)."""
-    from cli_messages import run_training
+class _ParserBuilt(Exception):
+    """Carries the training parser out of ``PaperlabCLI.__init__``, raised from its ``parse_arguments`` hook."""
 
+    def __init__(self, parser: Any) -> None:
+        super().__init__("the training parser is built")
+        self.parser = parser
+
+
+# The training parser, built once per process and per value of the environment its defaults read: building it
+# (four subcommands' signatures) is about half of a --print_config, and a sweep check prints one config per
+# distinct swept value (the test suite prints every shipped sweep's base).
+_PARSERS: dict[str | None, Any] = {}
+
+
+def _training_parser() -> Any:
+    """``PaperlabCLI``'s parser, as ``main.py fit`` builds it, taken from LightningCLI's public
+    ``parse_arguments`` hook before it parses anything."""
+    import os
+
+    from lightning_cli import PaperlabCLI
+
+    key = os.environ.get("CI")  # the one default that reads the environment: the progress bar (off under CI)
+    if key not in _PARSERS:
+
+        class _ParserOnly(PaperlabCLI):
+            def parse_arguments(self, parser: Any, args: Any) -> None:
+                raise _ParserBuilt(parser)
+
+        try:
+            _ParserOnly(args=["fit"])
+        except _ParserBuilt as built:
+            _PARSERS[key] = built.parser
+    return _PARSERS[key]
+
+
+def print_config(base: Path, extra: list[str] | None = None) -> dict[str, Any]:
+    """The resolved config of ``fit --config base <extra>``, parsed in process (nothing is instantiated), with
+    the one-line message ``main.py fit`` gives when the command line is refused."""
+    from jsonargparse import ArgumentError
+
+    from cli_messages import argument_error, clean_error
+    from errors import PaperlabError
+
+    argv = ["fit", "--config", str(base), *(extra or []), "--print_config"]
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = run_training(["fit", "--config", str(base), *(extra or []), "--print_config"])
-    if rc != 0:
-        message = err.getvalue().strip().splitlines()
-        raise SweepError(message[0].removeprefix("error: ") if message else f"the CLI refused {extra}")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            _training_parser().parse_args(argv)
+    except ArgumentError as error:
+        raise SweepError(argument_error(error, argv)) from None
+    except PaperlabError as error:
+        raise SweepError(clean_error(str(error))) from None
+    except SystemExit as exit_:  # --print_config prints the config and exits 0
+        if exit_.code not in (0, None):
+            message = err.getvalue().strip().splitlines()
+            raise SweepError(message[0].removeprefix("error: ") if message else f"the CLI refused {extra}") from None
     return yaml.safe_load(out.getvalue())
 
 

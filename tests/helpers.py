@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,62 @@ def run_main(args: list[str], cwd: Path, env: dict[str, str] | None = None, time
                           capture_output=True, text=True, timeout=timeout, preexec_fn=_sigint_as_in_a_terminal)
 
 
+# What the fork server of fork_main imports once (the sweep workers' fork server, if it started first, has these)
+_FORK_PRELOAD = ["main", "lightning_cli", "mlflow", "mlflow.store.tracking.sqlalchemy_store", "tests.helpers"]
+
+
+def forked(target: Any, *args: Any) -> Any:
+    """``target(*args)`` started in a process forked from this session's fork server, which imported torch,
+    Lightning and MLflow once: a separate process (to kill -9, to signal) without a fresh interpreter's imports.
+    The target must be importable (a module-level function). Returns the started ``multiprocessing`` process."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_FORK_PRELOAD)  # no effect once this process's fork server runs
+    proc = ctx.Process(target=target, args=args)
+    proc.start()
+    return proc
+
+
+def fork_main(args: list[str], cwd: Path, env: dict[str, str] | None = None,
+              timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python main.py <args>`` as ``run_main`` runs it, in a process forked from a fork server that imported
+    torch, Lightning and MLflow once per session (as the sweep workers are): the 4-7 s of imports of a fresh
+    interpreter are paid once, not per call. For the tests whose point is a separate process (kill -9, Ctrl-C,
+    its exit code and output); a test of the interpreter's own start (the ddp launcher re-runs ``sys.argv``,
+    libraries that read the environment when imported) keeps ``run_main``."""
+    import tempfile
+
+    full_env = {**os.environ, "CI": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        proc = forked(_forked_main, args, str(cwd), full_env, str(out), str(err))
+        proc.join(timeout)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+            raise subprocess.TimeoutExpired(["main.py", *args], timeout)
+        return subprocess.CompletedProcess(["main.py", *args], proc.exitcode, out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))
+
+
+def _forked_main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """The child of ``fork_main``: the working folder, environment, Ctrl-C handling and file descriptors 1 and 2
+    a fresh ``python main.py`` would have, then its exit code."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # what Python installs in a terminal
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    from main import cli_main
+
+    sys.argv = [str(REPO / "main.py"), *args]
+    sys.exit(cli_main(args))
+
+
 def _sigint_as_in_a_terminal() -> None:
     # a suite started in the background (`pytest &` in a script) inherits SIGINT ignored, and Python then
     # installs no KeyboardInterrupt handler: give the child the default, as a terminal would
@@ -71,6 +128,32 @@ def runs_of(experiment: str) -> list[mlflow.entities.Run]:
     if exp is None:
         return []
     return client_.search_runs([exp.experiment_id], run_view_type=mlflow.entities.ViewType.ALL)
+
+
+@dataclass(frozen=True)
+class MlflowUI:
+    """The session's MLflow server, started by ``python main.py ui`` (``mlflow ui``: served artifacts)."""
+
+    url: str  # http://127.0.0.1:<port>: a tracking URI and the UI
+    port: int
+    store_uri: str  # its sqlite backend
+    artifacts: Path  # where the served artifacts land
+    experiment_id: str  # "ui_links": one run in the store before the server started
+    output: str  # what the command printed once the server answered (the links)
+
+
+def store_with_a_run(path: Path, experiment: str = "mlp_classifier") -> tuple[str, str]:
+    """A sqlite store at ``path`` (already migrated) holding one FINISHED run that overrode the learning rate:
+    the store's URI and the experiment's id."""
+    uri = f"sqlite:///{path}"
+    client_ = mlflow.MlflowClient(uri)
+    exp = client_.create_experiment(experiment)
+    run = client_.create_run(exp, run_name="yinyang lr=0.003", tags={"overrides": "--model.optimizer.lr 0.003"})
+    client_.log_param(run.info.run_id, "model.init_args.optimizer.init_args.lr", "0.003")
+    client_.log_metric(run.info.run_id, "val/acc", 0.9)
+    client_.log_metric(run.info.run_id, "val/acc_best", 0.93)
+    client_.set_terminated(run.info.run_id)
+    return uri, exp
 
 
 SIGKILL = signal.SIGKILL

@@ -6,6 +6,7 @@ import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -51,6 +52,20 @@ def test_build_slices_name_existing_configs() -> None:
     assert not stale, f"tests/conf/config_builds.yaml names configs that do not exist: {sorted(stale)}"
 
 
+class _SharedParserCLI(PaperlabCLI):
+    """``PaperlabCLI`` (``run=False``: no subcommands) whose parser is built once for all the config checks: the
+    parser depends on no config, and building it was about half of each check. Parsing, linking the sizes and
+    instantiating stay ``PaperlabCLI``'s own, per config."""
+
+    shared: Any = None
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]) -> None:
+        if _SharedParserCLI.shared is None:
+            super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+            _SharedParserCLI.shared = self.parser
+        self.parser = _SharedParserCLI.shared
+
+
 @pytest.mark.parametrize("config", EXPERIMENT_CONFIGS, ids=_config_id)
 def test_config_builds(config: Path, paperlab_tmp: Path) -> None:
     """The default suite's check of every experiment config: parsed, model and DataModule built (sizes linked),
@@ -58,7 +73,7 @@ def test_config_builds(config: Path, paperlab_tmp: Path) -> None:
     drawn; no fit (each method's smoke fit is below, every config's tiny fit in the slow suite). A paper-scale
     config fails offline with the one-line hint only."""
     try:
-        cli = PaperlabCLI(args=["--config", str(config), *build_slice(config), *TINY], run=False)
+        cli = _SharedParserCLI(args=["--config", str(config), *build_slice(config), *TINY], run=False)
         data = cli.datamodule
         data.trainer = cli.trainer  # what a fit attaches: the loaders shard by its world size
         data.setup("fit")

@@ -433,6 +433,8 @@ def test_a_rerun_adopts_an_untagged_finished_point_resumes_a_killed_one_and_comp
     client().delete_tag(a.info.run_id, "sweep.done")
     client().update_run(b.info.run_id, status="RUNNING")
     client().delete_tag(b.info.run_id, "sweep.done")
+    parent = a.data.tags["mlflow.parentRunId"]
+    client().update_run(parent, status="RUNNING")  # the killed runner never closed its parent run
     ckpt = paperlab_tmp / "checkpoints/mlp_classifier" / adopted / "last.ckpt"
     stamp = ckpt.stat().st_mtime_ns
     capsys.readouterr()
@@ -445,6 +447,7 @@ def test_a_rerun_adopts_an_untagged_finished_point_resumes_a_killed_one_and_comp
     assert again.info.run_id == b.info.run_id and again.info.status == "FINISHED"
     log = (paperlab_tmp / "checkpoints/mlp_classifier/_sweeps/tiny" / f"{resumed}.log").read_text()
     assert "--ckpt_path last" in log
+    assert client().get_run(parent).info.status == "FINISHED"
 
     # a second FINISHED run of one point (an older sweep's rerun): compare without --sweep counts the point once
     exp = client().get_experiment_by_name("mlp_classifier").experiment_id

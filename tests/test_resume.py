@@ -88,45 +88,50 @@ def test_fresh_fit_archives_the_previous_runs_checkpoints(paperlab_tmp: Path) ->
     assert first.info.run_id in (archived / "mlflow_run.json").read_text()
 
 
-_KILLED_BEFORE_ANY_FLUSH = """
-import sys
-sys.path.insert(0, {repo!r})
-import lightning as L
-from callbacks.checkpoints import LastCheckpoint
-from datamodules.yinyang import YinYangDataModule
-from modules.mlp_classifier import MLPClassifier
-from tests.helpers import SignalAtStep, mlp_net, sgd
-from tracking.mlflow_logger import PaperlabMLFlowLogger
+def _killed_before_any_flush(ckpt: str, cwd: str, tracking_uri: str, run_file: str) -> None:
+    """A fit that kills itself (kill -9) after the second step of its third epoch; its run id to ``run_file``."""
+    import os
 
-logger = PaperlabMLFlowLogger(experiment_name="unflushed", run_name="killed", flush_every_s=3600)
-print("RUN", logger.run_id, flush=True)
-trainer = L.Trainer(max_epochs=4, logger=logger, enable_progress_bar=False, enable_model_summary=False,
-                    num_sanity_val_steps=0, callbacks=[LastCheckpoint({ckpt!r}, min_interval_s=0),
-                                                       SignalAtStep(step=2 * 4 + 2, signum=9)])
-trainer.fit(MLPClassifier(net=mlp_net([8]), input_shape=(4,), num_classes=3, optimizer=sgd(0.1)),
-            YinYangDataModule(train_size=128, val_size=64, test_size=64, batch_size=32, seed=0))
-"""
+    import lightning as L
+
+    from callbacks.checkpoints import LastCheckpoint
+    from datamodules.yinyang import YinYangDataModule
+    from modules.mlp_classifier import MLPClassifier
+    from tests.helpers import SignalAtStep, mlp_net, sgd
+    from tracking.mlflow_logger import PaperlabMLFlowLogger
+
+    os.chdir(cwd)
+    os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
+    logger = PaperlabMLFlowLogger(experiment_name="unflushed", run_name="killed", flush_every_s=3600)
+    Path(run_file).write_text(logger.run_id)
+    trainer = L.Trainer(max_epochs=4, logger=logger, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, callbacks=[LastCheckpoint(ckpt, min_interval_s=0),
+                                                           SignalAtStep(step=2 * 4 + 2, signum=9)])
+    trainer.fit(MLPClassifier(net=mlp_net([8]), input_shape=(4,), num_classes=3, optimizer=sgd(0.1)),
+                YinYangDataModule(train_size=128, val_size=64, test_size=64, batch_size=32, seed=0))
 
 
 def test_metrics_a_checkpoint_saw_survive_kill_9_though_none_were_flushed(paperlab_tmp: Path) -> None:
     """A save writes no metrics (no sqlite commit per epoch): the checkpoint carries the unwritten ones and the
     resume writes them, so the run's history is whole."""
-    import subprocess
-    import sys
+    import os
 
     import lightning as L
 
     from callbacks.checkpoints import UNFLUSHED, LastCheckpoint
     from datamodules.yinyang import YinYangDataModule
     from modules.mlp_classifier import MLPClassifier
-    from tests.helpers import mlp_net, sgd
+    from tests.helpers import forked, mlp_net, sgd
     from tracking.mlflow_logger import PaperlabMLFlowLogger
 
-    ckpt = paperlab_tmp / "ck"
-    code = _KILLED_BEFORE_ANY_FLUSH.format(repo=str(REPO), ckpt=str(ckpt))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=paperlab_tmp, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -9, proc.stderr[-2000:]
-    run_id = proc.stdout.split("RUN ", 1)[1].split()[0]
+
+    ckpt, run_file = paperlab_tmp / "ck", paperlab_tmp / "run_id"
+    # its own process (forked from the session's fork server: no fresh interpreter's imports), killed -9
+    proc = forked(_killed_before_any_flush, str(ckpt), str(paperlab_tmp), os.environ["MLFLOW_TRACKING_URI"],
+                  str(run_file))
+    proc.join(300)
+    assert proc.exitcode == -9, proc.exitcode
+    run_id = run_file.read_text()
     assert client().get_metric_history(run_id, "val/acc") == []  # nothing reached the store before the kill
     state = torch.load(ckpt / "last.ckpt", weights_only=False)
     assert state["global_step"] == 8  # 4 steps an epoch, killed after the second step of the third

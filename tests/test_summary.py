@@ -17,7 +17,7 @@ import torch
 
 from lightning_cli import PaperlabCLI, PaperlabProgressBar, command_overrides, train_description
 from main import cli_main
-from tests.helpers import REPO, client, run_main, runs_of
+from tests.helpers import REPO, client, fork_main, runs_of
 
 DIGITS = str(REPO / "configs/mlp_classifier/digits.yaml")
 YINYANG = str(REPO / "configs/mlp_classifier/yinyang.yaml")
@@ -84,7 +84,7 @@ def test_ctrl_c_prints_killed_with_the_command_that_resumes_and_exits_130(paperl
     # on the command line (a run control), not in a second --config, whose stem would name the run
     stopper = json.dumps([{"class_path": "tests.test_summary.SigintOnce",
                            "init_args": {"marker": str(paperlab_tmp / "hit")}}])
-    proc = run_main(["fit", "--config", YINYANG, "--trainer.callbacks", stopper, *small], cwd=paperlab_tmp)
+    proc = fork_main(["fit", "--config", YINYANG, "--trainer.callbacks", stopper, *small], cwd=paperlab_tmp)
     assert proc.returncode == 130, proc.stderr[-2000:]
     base = "yinyang max_epochs=3 train_size=600 val_size=200"  # num_sanity_val_steps: a run control
     lines = proc.stdout.splitlines()

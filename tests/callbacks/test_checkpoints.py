@@ -89,39 +89,37 @@ def test_a_failed_write_keeps_the_previous_checkpoint_and_leaves_no_temporary_fi
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
 
 
-_WRITER = """
-import sys, torch
-sys.path.insert(0, {repo!r})
-from callbacks.checkpoints import AtomicCheckpointIO
-io, step = AtomicCheckpointIO(), 0
-while True:  # a checkpoint of 24 MB, rewritten until killed
-    step += 1
-    io.save_checkpoint({{"step": step, "w": torch.full((6_000_000,), float(step))}}, {path!r})
-"""
+def _write_until_killed(path: str) -> None:
+    """A checkpoint of 24 MB, rewritten until the process is killed."""
+    from callbacks.checkpoints import AtomicCheckpointIO
+
+    io, step = AtomicCheckpointIO(), 0
+    while True:
+        step += 1
+        io.save_checkpoint({"step": step, "w": torch.full((6_000_000,), float(step))}, path)
 
 
 def test_kill_9_while_writing_never_leaves_a_half_written_checkpoint(tmp_path):
     import random
-    import signal
-    import subprocess
-    import sys
     import time
 
-    from tests.helpers import REPO
+    from tests.helpers import forked
 
     target = tmp_path / "last.ckpt"
     rng = random.Random(0)
     for _ in range(4):
-        proc = subprocess.Popen([sys.executable, "-c", _WRITER.format(repo=str(REPO), path=str(target))])
+        # its own process (forked from the session's fork server: no fresh interpreter's imports), killed -9
+        proc = forked(_write_until_killed, str(target))
         try:
             deadline = time.monotonic() + 120
             while not target.exists():
-                assert proc.poll() is None and time.monotonic() < deadline
+                assert proc.is_alive() and time.monotonic() < deadline
                 time.sleep(0.01)
             time.sleep(rng.uniform(0.05, 0.6))  # somewhere in a later write
         finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+            proc.kill()  # SIGKILL
+            proc.join()
+        assert proc.exitcode == -9
         state = torch.load(target, weights_only=False)  # a complete file: the previous or the new one
         assert torch.equal(state["w"], torch.full((6_000_000,), float(state["step"])))
 

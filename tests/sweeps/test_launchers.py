@@ -93,7 +93,7 @@ def test_an_array_task_runs_exactly_its_point_under_the_shared_parent(
     assert cli_main(["sweep", "--config", str(sweep), "--point", "0", "--in-process"]) == 0
     parent = next(r for r in runs_of("mlp_classifier") if r.data.tags.get("sweep.role") == "parent")
     assert parent.info.status == "FINISHED"  # the last task closes the parent
-    assert cli_main(["sweep", "--config", str(sweep), "--point", "2"]) == 101
+    assert cli_main(["sweep", "--config", str(sweep), "--point", "2", "--in-process"]) == 101
     assert "--point must lie in 0..1" in capsys.readouterr().err
 
 

@@ -192,6 +192,10 @@ def test_compare_rejects_an_unknown_key_with_a_suggestion(
     assert "did you mean 'val/acc'" in capsys.readouterr().err
 
 
+# End to end (a real kill -9 of a real runner): the slow suite. The default suite's resume check of a killed sweep
+# is tests/test_faults.py::test_a_rerun_adopts_an_untagged_finished_point_resumes_a_killed_one_and_compare_collapses_reruns,
+# which leaves the store and the checkpoints as this kill leaves them and asserts the same outcome.
+@pytest.mark.slow
 def test_killed_sweep_resumes_without_rerunning_the_finished_point(paperlab_tmp: Path) -> None:
     sweep = write_sweep(paperlab_tmp, grid={"model.net.activation": ["relu", "tanh"]}, seeds=[0])
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "CI": "1"}

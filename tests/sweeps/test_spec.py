@@ -109,6 +109,36 @@ def test_every_shipped_sweep_file_parses_and_names_real_keys() -> None:
         assert expand(spec)
 
 
+def test_the_key_check_prints_and_refuses_as_fit_does_with_one_parser_per_process() -> None:
+    """``print_config`` reuses one training parser: for one base after another, what it prints is what a fresh
+    ``fit --print_config`` prints, and what it refuses it refuses in the same words."""
+    import contextlib
+    import io
+
+    from cli_messages import run_training
+    from sweeps.spec import print_config
+
+    def fresh(base: Path, extra: list[str]) -> object:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = run_training(["fit", "--config", str(base), *extra, "--print_config"])
+        return yaml.safe_load(out.getvalue()) if rc == 0 else err.getvalue().splitlines()[0]
+
+    def reused(base: Path, extra: list[str]) -> object:
+        try:
+            return print_config(base, extra)
+        except SweepError as err:
+            return f"error: {err}"
+
+    other = REPO / "configs/bvpo/bvpo.yaml"
+    cases = [(BASE, []), (other, []), (BASE, ["--model.optimizer.lr", "0.5"]), (other, ["--trainer.max_epochs", "many"]),
+             (BASE, ["--model.lr", "0.1"]), (BASE, ["--model.net", "torch.nn.Linearr"]), (BASE, [])]
+    got = [reused(base, extra) for base, extra in cases]
+    assert got == [fresh(base, extra) for base, extra in cases]
+    assert got[0] == got[-1] and got[0] != got[2] and got[0]["model"] != got[1]["model"]
+    assert [isinstance(g, str) for g in got] == [False, False, False, True, True, True, False]
+
+
 def test_sweep_keys_take_every_form_the_command_line_takes() -> None:
     from sweeps.spec import canonicalize
 

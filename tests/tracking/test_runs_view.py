@@ -9,14 +9,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import mlflow
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, MlflowUI, store_with_a_run
 from tracking.runs_view import (
     LATEST_VIEW_TAG,
     VIEW_KEY_PARAM,
@@ -100,65 +99,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _store_with_a_run(path: Path) -> tuple[str, str]:
-    uri = f"sqlite:///{path}"
-    client = mlflow.MlflowClient(uri)
-    exp = client.create_experiment("mlp_classifier")
-    run = client.create_run(exp, run_name="yinyang lr=0.003", tags={"overrides": "--model.optimizer.lr 0.003"})
-    client.log_param(run.info.run_id, "model.init_args.optimizer.init_args.lr", "0.003")
-    client.log_metric(run.info.run_id, "val/acc", 0.9)
-    client.log_metric(run.info.run_id, "val/acc_best", 0.93)
-    client.set_terminated(run.info.run_id)
-    return uri, exp
-
-
 def test_experiment_view_collects_monitored_metrics_and_overridden_params(paperlab_tmp: Path) -> None:
-    uri, exp = _store_with_a_run(paperlab_tmp / "mlflow.db")
+    uri, exp = store_with_a_run(paperlab_tmp / "mlflow.db")
     state = experiment_view(mlflow.MlflowClient(uri), exp)
     assert state is not None and state["selectedColumns"] == [
         "metrics.`val/acc_best`", "metrics.`val/acc`", "params.`model.init_args.optimizer.init_args.lr`"]
 
 
-def test_ui_command_serves_the_store_and_prints_a_link_per_experiment(paperlab_tmp: Path,
-                                                                      _migrated_mlflow_db: Path) -> None:
-    db = paperlab_tmp / "ui" / "mlflow.db"
-    db.parent.mkdir()
-    shutil.copy(_migrated_mlflow_db, db)
-    uri, exp = _store_with_a_run(db)
-    port = _free_port()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(REPO / "main.py"), "ui", "--port", str(port)], cwd=paperlab_tmp,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        lines = []
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:  # the links are printed once the server answers /health
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "/#/experiments/" in line:
-                break
-        link = next((ln.split()[-1] for ln in lines if "/#/experiments/" in ln), None)
-        assert link is not None, "".join(lines)
-        assert link.startswith(f"{base}/#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey=")
-        with urllib.request.urlopen(f"{base}/health", timeout=10) as resp:
-            assert resp.status == 200
-        # the saved view the link names, as the UI fetches it
-        key = link.rsplit("=", 1)[1]
-        with urllib.request.urlopen(f"{base}/ajax-api/2.0/mlflow/experiments/get?experiment_id={exp}",
-                                    timeout=10) as resp:
-            tags = {t["key"]: t["value"] for t in json.load(resp)["experiment"]["tags"]}
-        state = json.loads(json.loads(tags[VIEW_TAG_PREFIX + key])["state"])
-        assert "params.`model.init_args.optimizer.init_args.lr`" in state["selectedColumns"]
-        with urllib.request.urlopen(f"{base}/", timeout=10) as resp:  # the UI itself
-            assert b"<!doctype html>" in resp.read().lower()
-    finally:
-        proc.send_signal(signal.SIGTERM)  # as a `timeout` would: the command stops the server it started
-        proc.wait(timeout=60)
-    with socket.socket() as s:  # nothing left listening
-        assert s.connect_ex(("127.0.0.1", port)) != 0
+def test_ui_command_serves_the_store_and_prints_a_link_per_experiment(mlflow_ui: MlflowUI) -> None:
+    # the session's server (tests/conftest.py) is this command, started on a store with one run; stopping it
+    # leaves nothing listening (checked when the session ends)
+    base, exp = mlflow_ui.url, mlflow_ui.experiment_id
+    link = next((ln.split()[-1] for ln in mlflow_ui.output.splitlines() if "/#/experiments/" in ln), None)
+    assert link is not None, mlflow_ui.output
+    assert link.startswith(f"{base}/#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey=")
+    with urllib.request.urlopen(f"{base}/health", timeout=10) as resp:
+        assert resp.status == 200
+    # the saved view the link names, as the UI fetches it
+    key = link.rsplit("=", 1)[1]
+    with urllib.request.urlopen(f"{base}/ajax-api/2.0/mlflow/experiments/get?experiment_id={exp}",
+                                timeout=10) as resp:
+        tags = {t["key"]: t["value"] for t in json.load(resp)["experiment"]["tags"]}
+    state = json.loads(json.loads(tags[VIEW_TAG_PREFIX + key])["state"])
+    assert "params.`model.init_args.optimizer.init_args.lr`" in state["selectedColumns"]
+    with urllib.request.urlopen(f"{base}/", timeout=10) as resp:  # the UI itself
+        assert b"<!doctype html>" in resp.read().lower()
 
 
 CHROMIUM = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
