@@ -103,6 +103,7 @@ SMOKE_CONFIGS = [_default_config(m) for m in sorted({c.parent.name for c in EXPE
 SMOKE_METRICS: dict[str, set[str]] = {
     "frac_ssm": {"test/acc", "test/acc_lag1_32", "test/acc_lag32_256", "test/acc_lag256_1024", "train/alpha_mean",
                  "diag/kernel_shape/loglog_r2", "diag/kernel_shape/semilog_r2"},
+    "byte_distill": {"train/distill", "test/bpb", "test/teacher_bpb"},
     "craft": {"test/acc", "test/client_acc_mean", "test/client_acc_std", "test/client_acc_worst10",
               "test/client_acc_noise_std", "test/client_acc_var_corrected", "test/client_acc_spread_corrected",
               "test/client_acc_spread_corrected_lo", "test/client_acc_spread_corrected_hi",
