@@ -128,11 +128,13 @@ class SeedOutputs(Callback):
         logger = trainer.logger
         if not isinstance(logger, SeedRunsLogger) or not trainer.is_global_zero:
             return
-        tags = {s: {**self.tags, **run_tags(trainer, task, "fit")} for s, task in zip(self.seeds, pl_module.tasks)}
-        logger.open_children(self.names, tags)
+        # the same for every seed (the task's class, the data, the hardware, the commit): read once
+        common = {**self.tags, **run_tags(trainer, pl_module.tasks[0], "fit")}
+        logger.open_children(self.names, dict.fromkeys(self.seeds, common))
+        params = fit_params(self.configs[self.seeds[0]])
         for seed in self.seeds:
             child = logger.children[seed]
-            child.log_hyperparams(fit_params(self.configs[seed]))
+            child.log_hyperparams({**params, "seed_everything": seed})
             log_artifact_bytes(child, self.configs[seed], "config/config.yaml")
             folder = self.folders[seed]
             folder.mkdir(parents=True, exist_ok=True)

@@ -139,7 +139,9 @@ class PaperlabMLFlowLogger(MLFlowLogger):
 
     def existing_params(self) -> dict[str, str]:
         if self._existing_params is None:
-            self._existing_params = dict(self.experiment.get_run(self.run_id).data.params)
+            # a run this logger created has none yet: no query (a seed-parallel fit opens K such runs)
+            self._existing_params = (dict(self.experiment.get_run(self.run_id).data.params) if self._continues
+                                     else {})
         return self._existing_params
 
     @rank_zero_only
