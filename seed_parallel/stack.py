@@ -34,6 +34,11 @@ from datamodules.base import ResumableLoader
 from errors import ConfigError
 from modules.base import PaperTask, Stage, as_step_output, metric_args
 
+#: the Lightning hooks of a fit: a task that overrides one is refused (the stack runs PaperTask's, for all seeds)
+FIT_HOOKS = ("training_step", "validation_step", "on_fit_start", "on_train_start", "on_train_epoch_start",
+             "on_train_batch_start", "on_train_batch_end", "on_train_epoch_end", "on_validation_epoch_start",
+             "on_validation_epoch_end", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
+             "optimizer_step", "configure_gradient_clipping", "on_train_end", "on_fit_end", "setup")
 SEQUENTIAL = "run the seeds one after another instead (a sweep with `seeds:`, or one fit per --seed_everything)"
 
 
@@ -179,6 +184,9 @@ class SeedStack(L.LightningModule):
             raise refusal(f"{cls.__name__} optimises manually")
         if type(first).configure_optimizers is not PaperTask.configure_optimizers:
             raise refusal(f"{cls.__name__} configures its own optimizers")
+        hooks = [h for h in FIT_HOOKS if getattr(cls, h) is not getattr(PaperTask, h)]
+        if hooks:  # the stack runs the base's hooks for all seeds, never a task's own
+            raise refusal(f"{cls.__name__} overrides {', '.join(hooks)}, which a stack of seeds does not run")
         self.seeds = [int(s) for s in seeds]
         # a plain list: the tasks are not submodules (their tensors are views of the stack, see tie)
         self.tasks: list[PaperTask] = list(tasks)
