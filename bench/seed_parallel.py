@@ -10,7 +10,7 @@ process, "vectorized" one fit with ``--run.seeds``. The ratio is sequential time
 work, so the throughput ratio). Peak memory is the process's peak resident set (``ru_maxrss``).
 
 Cases (the issue's): ``mlp`` the reference yinyang MLP, 3 epochs of its 5,000 samples, batch 32;
-``gpt`` weight drift's tiny GPT (``configs/weight_drift/tiny_gpt_text.yaml``) at 60 steps, validation at
+``gpt`` weight drift's tiny GPT (``configs/weight_drift/tiny_gpt_text.yaml``) at 30 steps, validation at
 the end on 4 batches; its diagnostics dropped (``--trainer.callbacks=[]``: they watch one model).
 Not a timed test: numbers depend on the machine and its load; docs/benchmarks.md records them.
 """
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 CASES = {
     "mlp": ["--config", str(REPO / "configs/mlp_classifier/yinyang.yaml"), "--trainer.max_epochs", "3"],
     "gpt": ["--config", str(REPO / "configs/weight_drift/tiny_gpt_text.yaml"), "--trainer.callbacks=[]",
-            "--trainer.max_steps", "60", "--trainer.val_check_interval", "60", "--trainer.limit_val_batches", "4"],
+            "--trainer.max_steps", "30", "--trainer.val_check_interval", "30", "--trainer.limit_val_batches", "4"],
 }
 
 
