@@ -324,6 +324,8 @@ class SeedStack(L.LightningModule):
             loss = values.get(f"s{seed}/train/loss")
             if loss is not None and not math.isfinite(float(loss)):
                 self.failed.add(seed)  # this seed stops being logged; the others go on
+        if set(self.seeds) <= self.failed:
+            self.trainer.should_stop = True  # nothing left to train
         floats = {k: float(v) for k, v in values.items() if int(k[1:].split("/", 1)[0]) not in self.failed}
         for logger in self.loggers:
             logger.log_metrics(floats, step=self.global_step)
