@@ -182,6 +182,8 @@ def test_each_child_run_equals_the_plain_fit_of_its_seed(case: str, paperlab_tmp
         assert child.info.status == "FINISHED"
         assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert child.data.params["seed_everything"] == str(s)
+        for tag in ("paper_id", "method", "dataset", "strategy", "devices", "accelerator", "stage.fit", "git_commit"):
+            assert child.data.tags.get(tag) == plain.data.tags.get(tag), tag
         differ = {k for k in plain.data.params.keys() | child.data.params.keys()
                   if plain.data.params.get(k) != child.data.params.get(k)}
         assert differ <= {"run.name"}, differ

@@ -38,7 +38,8 @@ def run_tags(trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> di
     dm = trainer.datamodule
     tags: dict[str, Any] = {
         "paper_id": getattr(pl_module, "paper_id", "") or "none",
-        "method": method_name(type(pl_module)),
+        # a seed-parallel stack names the task class it stacks (task_class)
+        "method": method_name(getattr(pl_module, "task_class", type(pl_module))),
         "dataset": getattr(dm, "dataset_name", type(dm).__name__ if dm is not None else "none"),
         "strategy": type(trainer.strategy).__name__,
         "devices": trainer.world_size,
