@@ -85,6 +85,39 @@ def test_each_seed_of_a_stack_takes_its_own_plain_steps(name: str) -> None:
     assert max((stack.tasks[0].state_dict()[k] - v).abs().max() for k, v in other.items()) > 1e-3
 
 
+def test_a_tied_weight_is_stacked_once_and_reaches_both_of_its_places() -> None:
+    """TinyGPT ties its head to its token embedding: a stack of it still takes each seed's plain steps."""
+    from modules.components.tiny_gpt import TinyGPT
+
+    net = functools.partial(TinyGPT, n_layer=1, n_head=2, n_embd=8, activation="relu", norm="rmsnorm")
+    optimizer = OPTIMIZERS["adamw"]
+
+    def task(seed: int) -> WeightDriftModel:
+        seed_everything(seed, verbose=False)
+        return WeightDriftModel(net=net, optimizer=optimizer, input_shape=(16,), num_classes=11).double()
+
+    seeds = [0, 1]
+    gen = torch.Generator().manual_seed(0)
+    data = {s: [(torch.randint(0, 11, (4, 16), generator=gen), torch.randint(0, 11, (4, 16), generator=gen))
+                for _ in range(3)] for s in seeds}
+    stack = SeedStack([task(s) for s in seeds], seeds)
+    opt = stack.configure_optimizers()
+    for i in range(3):
+        opt.zero_grad()
+        loss, _ = stack.seed_step(tuple(torch.stack([data[s][i][j] for s in seeds]) for j in range(2)), "train")
+        loss.sum().backward()
+        opt.step()
+    for k, s in enumerate(seeds):
+        plain = task(s)
+        plain_opt = optimizer(plain.parameters())
+        for batch in data[s]:
+            plain_opt.zero_grad()
+            plain.step(batch, "train").loss.backward()
+            plain_opt.step()
+        for key, value in plain.state_dict().items():
+            torch.testing.assert_close(stack.tasks[k].state_dict()[key], value, rtol=0, atol=1e-12, msg=key)
+
+
 def test_float32_parts_from_the_plain_run_by_rounding_only() -> None:
     """float32: the stacked (batched) matmul rounds otherwise than one matmul, about 1e-8 after a step."""
     seeds, dtype = [0, 1], torch.float32
