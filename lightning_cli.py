@@ -417,6 +417,13 @@ class PaperlabCLI(LightningCLI):
         logged = trainer_config.get("logger") in (None, True)
         if logged:
             check_tracking_server(default_tracking_uri())
+            # runs of these names left RUNNING by a process that has ended (kill -9): marked KILLED, as a plain
+            # fit does for its name (one query for all of them)
+            runs = mlflow_runs_named(default_tracking_uri(), self.experiment, self.run_name,
+                                     names=[parent_name(self.run_name), *names.values()])
+            for run in close_orphaned_runs(default_tracking_uri(), runs):
+                print(f"note: run '{run.info.run_name}' ({run.info.run_id}) was left RUNNING by a process that no "
+                      "longer exists: marked KILLED", file=sys.stderr, flush=True)
             parent_tags = {**tags, **sweep, "sweep.role": "parent", "paperlab.seeds": " ".join(map(str, self.seeds))}
             run = self._value(self.config, "run")
             if run.parent_run_id:

@@ -190,6 +190,20 @@ class SeedOutputs(Callback):
                 self.io.save_checkpoint(self._checkpoint(task, epoch, step, best),
                                         self.folders[seed] / f"best-epoch{epoch:03d}.ckpt")
 
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """Ctrl-C: each seed's weights at the interrupt (``interrupted.ckpt``) and its best so far, as a plain
+        fit leaves them (``callbacks.guards.InterruptCheckpoint``); for evaluation, not for a resume."""
+        if not isinstance(exception, KeyboardInterrupt) or not trainer.is_global_zero:
+            return
+        for seed, task in zip(self.seeds, pl_module.tasks, strict=True):
+            state = {k: v.detach().clone() for k, v in task.state_dict().items()}
+            self.io.save_checkpoint(self._checkpoint(task, trainer.current_epoch, trainer.global_step, state),
+                                    self.folders[seed] / "interrupted.ckpt")
+            if seed in self.best_state:
+                epoch, step, best = self.best_state[seed]
+                self.io.save_checkpoint(self._checkpoint(task, epoch, step, best),
+                                        self.folders[seed] / f"best-epoch{epoch:03d}.ckpt")
+
     @staticmethod
     def _checkpoint(task: Any, epoch: int, step: int, state: dict[str, torch.Tensor]) -> dict[str, Any]:
         """A weights-only checkpoint as Lightning writes one: what a plain ``test --ckpt_path`` loads."""
