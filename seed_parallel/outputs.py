@@ -179,16 +179,21 @@ class SeedOutputs(Callback):
         logger = trainer.logger
         if isinstance(logger, SeedRunsLogger):
             logger.failed = set(pl_module.failed)
+        writes = []
         for seed, task in zip(self.seeds, pl_module.tasks, strict=True):
             if seed in pl_module.failed:
                 continue
             state = {k: v.detach().clone() for k, v in task.state_dict().items()}
-            self.io.save_checkpoint(self._checkpoint(task, trainer.current_epoch, trainer.global_step, state),
-                                    self.folders[seed] / "last.ckpt")
+            writes.append((self._checkpoint(task, trainer.current_epoch, trainer.global_step, state),
+                           self.folders[seed] / "last.ckpt"))
             if seed in self.best_state:
                 epoch, step, best = self.best_state[seed]
-                self.io.save_checkpoint(self._checkpoint(task, epoch, step, best),
-                                        self.folders[seed] / f"best-epoch{epoch:03d}.ckpt")
+                writes.append((self._checkpoint(task, epoch, step, best), self.folders[seed] / f"best-epoch{epoch:03d}.ckpt"))
+        # 2K atomic writes, each ending in an fsync: a few threads wait for the disk together (the GIL is free
+        # meanwhile); an error is raised here, the files already written stay complete
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="paperlab-seed-ckpt") as pool:
+            for done in [pool.submit(self.io.save_checkpoint, ckpt, path) for ckpt, path in writes]:
+                done.result()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """Ctrl-C: each seed's weights at the interrupt (``interrupted.ckpt``) and its best so far, as a plain

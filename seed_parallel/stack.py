@@ -22,6 +22,7 @@ optimizers.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -39,6 +40,9 @@ FIT_HOOKS = ("training_step", "validation_step", "on_fit_start", "on_train_start
              "on_train_batch_start", "on_train_batch_end", "on_train_epoch_end", "on_validation_epoch_start",
              "on_validation_epoch_end", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
              "optimizer_step", "configure_gradient_clipping", "on_train_end", "on_fit_end", "setup")
+# torch has no vmap rule for CPU flash attention and loops over the seeds instead: measured (tiny GPT shapes,
+# 4 seeds, forward + backward) 21.8 ms against 22.7 ms for four plain calls, so nothing a user should act on
+warnings.filterwarnings("ignore", message=r".*not yet implemented the batching rule for aten::_scaled_dot_product")
 SEQUENTIAL = "run the seeds one after another instead (a sweep with `seeds:`, or one fit per --seed_everything)"
 
 
