@@ -245,6 +245,9 @@ class PaperlabCLI(LightningCLI):
         parser.add_argument("--run.tags", type=dict[str, str], default={}, help="extra MLflow tags")
         parser.add_argument("--run.system_metrics", type=bool, default=False,
                             help="log CPU/memory/GPU usage to MLflow while fitting")
+        parser.add_argument("--run.seeds", type=list[int] | None, default=None,
+                            help="fit these seeds in one process, parameters stacked over seeds (a vectorizable "
+                            "task only): one MLflow child run '<run name> s<seed>' per seed under '<run name> seeds'")
         parser.add_argument("--run.num_threads", type=int | None, default=None,
                             help="torch intra-op CPU threads (1 is fastest for tiny models; default: torch's)")
         # typed as callbacks: with list[Diagnostic], jsonargparse 4.53 drops a subclass's dataclass defaults
@@ -325,9 +328,13 @@ class PaperlabCLI(LightningCLI):
         # the run's seed, for the task and the data to read instead of the environment or torch's state: set
         # while they are built, since a linked size (input_shape, ...) may build the data during instantiation
         seed = self._value(self.config, "seed_everything")
+        self.seeds = self._value(self.config, "run").seeds
         try:
-            with run_seed_context(seed if isinstance(seed, int) and not isinstance(seed, bool) else 0):
-                super().instantiate_classes()
+            if self.seeds:
+                self._instantiate_seeds(self.seeds)
+            else:
+                with run_seed_context(seed if isinstance(seed, int) and not isinstance(seed, bool) else 0):
+                    super().instantiate_classes()
         except ValueError as err:
             # jsonargparse wraps what a class raises while it is built ("Does not validate against any of
             # the Union subtypes"); a user error inside is shown as itself, anything else stays a traceback
@@ -338,8 +345,106 @@ class PaperlabCLI(LightningCLI):
                 raise
             raise cause from None
 
+    def _seed_config(self, seed: int) -> Any:
+        """The parsed config of the plain run of ``seed``: ``seed_everything: seed``, no ``run.seeds``."""
+        config = self.config.clone()
+        prefix = f"{self.subcommand}." if self.subcommand else ""
+        config[f"{prefix}seed_everything"] = seed
+        config[f"{prefix}run.seeds"] = None
+        return config
+
+    def _instantiate_seeds(self, seeds: list[int]) -> None:
+        """A seed-parallel fit (``--run.seeds``): the task and the data built once per seed, exactly as the plain
+        run of that seed builds them (seeded, then instantiated in its run-seed context), then stacked."""
+        from lightning.fabric.utilities.seed import seed_everything
+
+        from seed_parallel.stack import SeedStack, SeedStackData
+
+        if (self.subcommand or "fit") != "fit":
+            raise ConfigError(f"--run.seeds works with fit only; evaluate each seed's run as a plain run: "
+                              f"python main.py {self.subcommand} --config ... --ckpt_path best "
+                              f"--run.name '{self.run_name} s<seed>'")
+        if self.resolved_ckpt_path is not None:
+            raise ConfigError("a seed-parallel fit does not resume (--ckpt_path with --run.seeds); run the fit "
+                              "again, or resume one seed as a plain run")
+        if len(set(seeds)) != len(seeds):
+            raise ConfigError(f"--run.seeds needs distinct seeds, got {seeds}")
+        tasks, datamodules, states = [], [], []
+        self.seed_configs: dict[int, str] = {}
+        for s in seeds:
+            config = self._seed_config(s)
+            seed_everything(s, workers=True)
+            with run_seed_context(s):
+                init = self.parser.instantiate_classes(config)
+            states.append(torch.get_rng_state())  # what a plain run's DataLoader would shuffle from
+            tasks.append(self._get(init, "model"))
+            datamodules.append(self._get(init, "data"))
+            if s == seeds[0]:
+                self.config_init = init
+                # dumped once (it costs about 0.1 s): the seeds' configs differ in this one line only
+                dumped = self._parser(self.subcommand).dump(config.get(str(self.subcommand), config), skip_none=False)
+                if len(re.findall(r"^seed_everything: .*$", dumped, re.M)) != 1:
+                    raise RuntimeError("the dumped config has no single top-level seed_everything line")
+            self.seed_configs[s] = re.sub(r"^seed_everything: .*$", f"seed_everything: {s}", dumped, flags=re.M)
+        self.datamodule = SeedStackData(datamodules, states)
+        self.model = SeedStack(tasks, seeds)
+        self.trainer = self.instantiate_trainer()
+        self.model.check_trainer(self.trainer)
+
+    def _seed_trainer(self, trainer_config: dict[str, Any], kwargs: dict[str, Any]) -> L.Trainer:
+        """The trainer of a seed-parallel fit: the parent run's logger (routing each seed's metrics to its
+        child run), the per-seed outputs (``seed_parallel.outputs``), no callback that reads one model."""
+        from seed_parallel.outputs import SeedOutputs, SeedRunsLogger, child_name, parent_name
+        from seed_parallel.stack import refusal
+
+        user = list(trainer_config.get("callbacks") or []) + list(self._value(self.config_init, "diagnostics") or [])
+        if user:
+            names = ", ".join(sorted({type(c).__name__ for c in user}))
+            raise refusal(f"callbacks and diagnostics ({names}) watch one model, not a stack of seeds; drop them "
+                          "with --trainer.callbacks=[] (and no --diagnostics)")
+        names = {s: child_name(self.run_name, s) for s in self.seeds}
+        folders = {s: self._folder(names[s]) for s in self.seeds}
+        for folder in folders.values():
+            archive_previous(folder)  # a fit of a taken name: the earlier files move aside, as with --run.name
+            check_checkpoint_folder(folder)
+        self.ckpt_dir = self._folder(parent_name(self.run_name))
+        tags = dict(self._value(self.config, "run").tags or {})
+        if self.overrides:
+            tags["overrides"] = " ".join(f"--{k} {v}" for k, v in self.overrides)
+            tags["mlflow.note.content"] = "python main.py " + shlex.join(self.argv)
+        tags[PROCESS_TAG] = this_process()
+        sweep = {"sweep.name": parent_name(self.run_name)}
+        logged = trainer_config.get("logger") in (None, True)
+        if logged:
+            check_tracking_server(default_tracking_uri())
+            # runs of these names left RUNNING by a process that has ended (kill -9): marked KILLED, as a plain
+            # fit does for its name (one query for all of them)
+            runs = mlflow_runs_named(default_tracking_uri(), self.experiment, self.run_name,
+                                     names=[parent_name(self.run_name), *names.values()])
+            for run in close_orphaned_runs(default_tracking_uri(), runs):
+                print(f"note: run '{run.info.run_name}' ({run.info.run_id}) was left RUNNING by a process that no "
+                      "longer exists: marked KILLED", file=sys.stderr, flush=True)
+            parent_tags = {**tags, **sweep, "sweep.role": "parent", "paperlab.seeds": " ".join(map(str, self.seeds))}
+            run = self._value(self.config, "run")
+            if run.parent_run_id:
+                parent_tags["mlflow.parentRunId"] = run.parent_run_id
+            kwargs["logger"] = SeedRunsLogger(self.seeds, experiment_name=self.experiment,
+                                              run_name=parent_name(self.run_name),
+                                              tracking_uri=default_tracking_uri(), tags=parent_tags)
+        outputs = SeedOutputs(self.seeds, names, folders, self.seed_configs, {**tags, **sweep},
+                              self.model.monitor, self.model.monitor_mode)
+        self.seed_outputs = outputs
+        callbacks: list[Callback] = [outputs]
+        if trainer_config.get("enable_progress_bar", True) is not False and importlib.util.find_spec("rich"):
+            callbacks.append(PaperlabProgressBar())
+        kwargs["callbacks"] = callbacks
+        kwargs["enable_checkpointing"] = False  # each seed's checkpoints are SeedOutputs' business
+        return super().instantiate_trainer(**kwargs)
+
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         subcommand = self.subcommand or "fit"
+        if getattr(self, "seeds", None):
+            return self._seed_trainer(self._value(self.config_init, "trainer", default={}), kwargs)
         trainer_config = self._value(self.config_init, "trainer", default={})
         logged = trainer_config.get("logger") in (None, True)
         if logged:
@@ -495,6 +600,14 @@ class PaperlabCLI(LightningCLI):
         else:
             head = f"paperlab {stage} finished: {self.experiment} / {self.run_name}"
         lines = [head]
+        if getattr(self, "seeds", None):
+            from seed_parallel.outputs import seed_summary
+
+            lines += seed_summary(self.model, self.seed_outputs, trainer.logger, trainer.callback_metrics)
+            if stage == "fit" and not interrupted:
+                lines.append(f"  stopped: {stop_reason(trainer)}")
+            print("\n".join(lines), flush=True)
+            return
         first = [m for m in self.model.summary_metrics if stage == "fit" or m in metrics]
         if first:
             lines.append("  " + ", ".join(f"{m} {metrics[m]:.4g}" if m in metrics else f"{m} not logged"

@@ -104,6 +104,28 @@ def _detach(value: Any) -> Any:
     return value.detach().clone()
 
 
+def as_step_output(out: Tensor | StepOutput) -> StepOutput:
+    """What ``step`` returned, as a ``StepOutput`` (a bare loss is one)."""
+    return out if isinstance(out, StepOutput) else StepOutput(out)
+
+
+def metric_args(out: StepOutput, names: list[str]) -> dict[str, tuple[Any, ...]]:
+    """The arguments of each metric's ``update`` at this step, ``{"": (loss, n), name: args}`` (names not
+    updated at this step left out). Pure: it only picks from ``out``, so it runs under ``torch.func.vmap``."""
+    n = out.n if out.n is not None else (len(out.target) if out.target is not None else 1)
+    args: dict[str, tuple[Any, ...]] = {"": (out.loss, n)}
+    inputs = out.inputs or {}
+    for name in names:
+        if name in inputs:
+            given = inputs[name]
+            if given is None:
+                continue
+            args[name] = given if isinstance(given, tuple) else (given,)
+        elif out.preds is not None:
+            args[name] = (out.preds, out.target)
+    return args
+
+
 def _plain(value: Any) -> Any:
     """A value as checkpoints can store it: configs stay as they are, callables become their dotted name."""
     if isinstance(value, Mapping):
@@ -183,6 +205,11 @@ class PaperTask(LightningModule):
     #: steps whose metric inputs are kept (detached) before each metric gets them in one update: a
     #: torchmetrics update costs about 0.1 ms on CPU, a tenth of a small model's step (1: every step)
     metric_flush_every: ClassVar[int] = 32
+    #: whether ``seed_parallel`` may train several seeds of this task in one process (``--run.seeds``): True
+    #: only when ``step`` is a pure function of the parameters and the batch (no ``.item()``, no Python branch
+    #: on tensor values, no random numbers, no state written during the step, no manual optimisation) and the
+    #: task has nothing beyond parameters to train (docs/design.md, "Seed-parallel runs")
+    vectorizable: ClassVar[bool] = False
     #: the run's seed: ``seed_everything`` of the command (the CLI builds the task in a ``run_seed_context``;
     #: 0 for a task built in Python, unless set). A ``seed: int | None = None`` argument means "the run seed"
     #: when None (``seed_or_run``); resolve it when used, so that setting ``run_seed`` later still counts.
@@ -293,29 +320,29 @@ class PaperTask(LightningModule):
         return self(batch[0] if isinstance(batch, list | tuple) else batch)
 
     # --- Lightning's steps ----------------------------------------------------------------------------------
+    # The step is split in two so that a seed stack (``seed_parallel``) can run the first half, the maths, under
+    # ``torch.func.vmap`` over stacked parameters: ``step`` + ``metric_args`` are pure (tensors in, tensors and
+    # constants out); ``record_step`` and ``update_metrics`` hold the state (the pending inputs, the metrics).
     def _run_step(self, batch: Any, stage: Stage) -> StepOutput:
-        out = self.step(batch, stage)
-        if not isinstance(out, StepOutput):
-            out = StepOutput(out)
-        n = out.n if out.n is not None else (len(out.target) if out.target is not None else 1)
+        out = as_step_output(self.step(batch, stage))
+        self.record_step(out, stage)
+        return out
+
+    def record_step(self, out: StepOutput, stage: Stage) -> None:
+        """Keep one step's metric inputs (``metric_args``) until the next flush."""
         pending = self._pending[stage]
-        pending.setdefault("", []).append((out.loss.detach(), n))  # "": the loss
-        inputs = out.inputs or {}
-        for name in self._metric_names:
-            if name in inputs:
-                args = inputs[name]
-                if args is None:
-                    continue
-                args = args if isinstance(args, tuple) else (args,)
-            elif out.preds is not None:
-                args = (out.preds, out.target)
-            else:
-                continue
+        for name, args in metric_args(out, self._metric_names).items():
             pending.setdefault(name, []).append(tuple(a.detach() if isinstance(a, Tensor) else a for a in args))
         self._pending_steps[stage] += 1
         if self._pending_steps[stage] >= self.metric_flush_every:
             self.flush_metrics(stage)
-        return out
+
+    def update_metrics(self, stage: Stage, updates: Mapping[str, tuple[Any, ...]]) -> None:
+        """One ``update`` per named metric ("": the loss) with these arguments; marks them updated this epoch."""
+        self._updated[stage] |= set(updates)
+        for name, args in updates.items():
+            metric = self.stage_loss[f"{stage}_"] if name == "" else self.stage_metrics[f"{stage}_"][name]
+            metric.update(*args)
 
     def flush_metrics(self, stage: Stage) -> None:
         """Hand the kept step inputs of ``stage`` to their metrics: one ``update`` per metric on the
@@ -324,14 +351,13 @@ class PaperTask(LightningModule):
         self._pending_steps[stage] = 0
         self._updated[stage] |= set(pending)
         for name, calls in pending.items():
-            metric = self.stage_loss[f"{stage}_"] if name == "" else self.stage_metrics[f"{stage}_"][name]
             try:
-                merged = [_merge([call[i] for call in calls]) for i in range(len(calls[0]))]
+                merged = tuple(_merge([call[i] for call in calls]) for i in range(len(calls[0])))
             except (RuntimeError, TypeError, ValueError):
                 for call in calls:
-                    metric.update(*call)
+                    self.update_metrics(stage, {name: call})
                 continue
-            metric.update(*merged)
+            self.update_metrics(stage, {name: merged})
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         return self._run_step(batch, "train").loss

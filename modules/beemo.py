@@ -280,6 +280,7 @@ class BeeMOTask(PaperTask):
     paper_id = "004-02"
     monitor = "val/r2"
     monitor_mode = "max"
+    vectorizable = False  # --run.seeds: its step has not been checked under torch.func.vmap yet
     summary_metrics = ("test/r2", "test/prior_r2", "test/wiener_r2")
 
     def __init__(
@@ -384,6 +385,7 @@ class SingleSessionDecoder(BeeMOTask):
     paper_id = "004-02"
     monitor = "val/r2"
     monitor_mode = "max"
+    vectorizable = False  # --run.seeds: its step has not been checked under torch.func.vmap yet
 
     def __init__(
         self,

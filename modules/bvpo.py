@@ -187,6 +187,7 @@ class BVPOModule(PaperTask):
     paper_id = "000-14"
     monitor = "val/em_marginal"
     monitor_mode = "max"
+    vectorizable = False  # --run.seeds: it configures its own optimizers
 
     def __init__(
         self,

@@ -286,6 +286,7 @@ class ELMTask(PaperTask):
     paper_id = "004-05"
     monitor = "val/acc"
     monitor_mode = "max"
+    vectorizable = False  # --run.seeds: its step has not been checked under torch.func.vmap yet
 
     def __init__(
         self,

@@ -48,6 +48,7 @@ class LipschitzProbeMLP(SupervisedTask):
     paper_id = "002-05"
     monitor = "val/acc"
     monitor_mode = "max"
+    vectorizable = True  # SupervisedTask's pure step; its bounds are a callback's, read after training
 
     def __init__(
         self,
@@ -95,6 +96,7 @@ class RandomNetLipschitzStudy(PaperTask):
     paper_id = "002-05"
     monitor = "val/ordering_violations"
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: it optimises manually (automatic_optimization = False)
 
     def __init__(
         self,

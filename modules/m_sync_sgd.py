@@ -81,6 +81,7 @@ class SimulatedDistributedSGD(SimulatedServerTask):
     """
 
     paper_id = "002-11"
+    vectorizable = False  # --run.seeds: it optimises manually (automatic_optimization = False)
     summary_metrics = ("train/time_to_target", "train/target_reached", "train/steps_to_target", "train/diverged")
 
     def __init__(
@@ -183,3 +184,4 @@ class MSyncClassifier(SupervisedTask):
     paper_id = "002-11"
     monitor = "val/acc"
     monitor_mode = "max"
+    vectorizable = False  # --run.seeds: its step has not been checked under torch.func.vmap yet

@@ -16,4 +16,6 @@ class MLPClassifier(SupervisedTask):
 
     paper_id = "reference"
     monitor = "val/acc"
+    # step is SupervisedTask's: net(x), the loss and argmax, no .item() and no state: --run.seeds can stack it
+    vectorizable = True
     monitor_mode = "max"

@@ -262,6 +262,7 @@ class ScaleBITSFP(CausalLMTask):
     paper_id = "004-09"
     monitor = "val/bpb"
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: its step has not been checked under torch.func.vmap yet
 
     def __init__(
         self,
@@ -306,6 +307,7 @@ class ScaleBITSQuantizer(PaperTask):
     paper_id = "004-09"
     monitor = "val/bpb"
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: it optimises manually (automatic_optimization = False)
     summary_metrics = ("val/bpb_fp", "val/bpb_increase", "val/avg_bits")
 
     def __init__(

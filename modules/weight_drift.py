@@ -20,4 +20,6 @@ class WeightDriftModel(SupervisedTask):
 
     paper_id = "000-09"
     monitor = "val/loss"
+    # step is SupervisedTask's: net(x), the loss and argmax, no .item() and no state: --run.seeds can stack it
+    vectorizable = True
     monitor_mode = "min"

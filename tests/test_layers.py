@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-FLOORS = {"errors": 0, "tracking": 1, "datamodules": 2, "modules": 3, "callbacks": 4, "lightning_cli": 5,
+FLOORS = {"errors": 0, "tracking": 1, "datamodules": 2, "modules": 3, "callbacks": 4, "seed_parallel": 5, "lightning_cli": 5,
           "cli_messages": 5, "sweeps": 6, "main": 7}
 CONTRACT = {"base", "protocols"}
 

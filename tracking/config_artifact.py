@@ -38,7 +38,8 @@ def run_tags(trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> di
     dm = trainer.datamodule
     tags: dict[str, Any] = {
         "paper_id": getattr(pl_module, "paper_id", "") or "none",
-        "method": method_name(type(pl_module)),
+        # a seed-parallel stack names the task class it stacks (task_class)
+        "method": method_name(getattr(pl_module, "task_class", type(pl_module))),
         "dataset": getattr(dm, "dataset_name", type(dm).__name__ if dm is not None else "none"),
         "strategy": type(trainer.strategy).__name__,
         "devices": trainer.world_size,
@@ -73,10 +74,15 @@ class ConfigArtifact(SaveConfigCallback):
         if isinstance(logger, PaperlabMLFlowLogger):
             logger.set_tags(run_tags(trainer, pl_module, stage))
         if stage == "fit":
-            params = yaml.safe_load(dumped)
-            # Run controls, not hyperparameters: they legitimately change between a run and its resume.
-            for key in ("config", "ckpt_path", "weights_only"):
-                params.pop(key, None)
-            # the run's name is MLflow's run name; a resume may give it explicitly (--run.name 'yinyang #2')
-            (params.get("run") or {}).pop("name", None)
-            logger.log_hyperparams(params)
+            logger.log_hyperparams(fit_params(dumped))
+
+
+def fit_params(dumped: str) -> dict[str, Any]:
+    """A fit's params from its dumped config (a seed-parallel fit's child runs log theirs the same way)."""
+    params = yaml.safe_load(dumped)
+    # Run controls, not hyperparameters: they legitimately change between a run and its resume.
+    for key in ("config", "ckpt_path", "weights_only"):
+        params.pop(key, None)
+    # the run's name is MLflow's run name; a resume may give it explicitly (--run.name 'yinyang #2')
+    (params.get("run") or {}).pop("name", None)
+    return params

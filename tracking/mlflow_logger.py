@@ -84,6 +84,9 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         flush_every_s: write buffered metrics at most this often (0: write every call).
         keep_end_time: with ``run_id``: never end the run (an evaluation of a trained run must not stretch
             its duration, end_time - start_time); its status and end time stay those its fit set.
+        writer: a one-thread executor shared with other loggers of this process (a seed-parallel fit's child
+            runs: one sqlite writer, not one per seed, so their commits do not wait on each other's locks);
+            its owner shuts it down. None: this logger starts its own at its first flush.
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         run_id: str | None = None,
         flush_every_s: float = 5.0,
         keep_end_time: bool = False,
+        writer: ThreadPoolExecutor | None = None,
     ) -> None:
         uri = tracking_uri or default_tracking_uri()
         prepare_store(uri, None if run_id else experiment_name, writable=True)
@@ -113,7 +117,8 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         self._pending: list[Any] = []
         self._last_flush = time.monotonic()
         # the writer thread (started at the first flush) and the batches handed to it, not yet known written
-        self._writer: ThreadPoolExecutor | None = None
+        self._writer: ThreadPoolExecutor | None = writer
+        self._owns_writer = writer is None
         self._in_flight: list[tuple[Future, list[Any]]] = []
         self._lock = threading.Lock()  # _pending and _in_flight: the training thread and the writer
         self._existing_params: dict[str, str] | None = None
@@ -134,7 +139,9 @@ class PaperlabMLFlowLogger(MLFlowLogger):
 
     def existing_params(self) -> dict[str, str]:
         if self._existing_params is None:
-            self._existing_params = dict(self.experiment.get_run(self.run_id).data.params)
+            # a run this logger created has none yet: no query (a seed-parallel fit opens K such runs)
+            self._existing_params = (dict(self.experiment.get_run(self.run_id).data.params) if self._continues
+                                     else {})
         return self._existing_params
 
     @rank_zero_only
@@ -277,7 +284,7 @@ class PaperlabMLFlowLogger(MLFlowLogger):
         try:
             self.flush()  # everything handed over is written before the run is closed
         finally:
-            if self._writer is not None:
+            if self._writer is not None and self._owns_writer:
                 self._writer.shutdown(wait=True)
                 self._writer = None
         if self._keep_end_time:

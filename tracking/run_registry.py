@@ -91,9 +91,9 @@ def latest_instance(base: str, experiment_dir: Path) -> int:
     return max(with_last, default=1)
 
 
-def mlflow_runs_named(tracking_uri: str, experiment: str, base: str) -> list[Any]:
+def mlflow_runs_named(tracking_uri: str, experiment: str, base: str, names: Iterable[str] | None = None) -> list[Any]:
     """The experiment's runs (deleted ones too: they can be restored) that are ``base`` or an instance of it,
-    newest first."""
+    newest first; with ``names`` (each starting with ``base``), the runs of those names instead."""
     import mlflow
     from mlflow.entities import ViewType
 
@@ -114,6 +114,9 @@ def mlflow_runs_named(tracking_uri: str, experiment: str, base: str) -> list[Any
         token = page.token
         if not token:
             break
+    if names is not None:
+        wanted = set(names)
+        return [r for r in runs if r.info.run_name in wanted]
     return [r for r in runs if (n := r.info.run_name) == base
             or ((m := INSTANCE.match(n or "")) is not None and m["base"] == base)]
 

@@ -52,6 +52,7 @@ class HyperINRTask(PaperTask):
     paper_id = PAPER_ID
     monitor = "val/psnr"
     monitor_mode = "max"
+    vectorizable = False  # --run.seeds: its step has not been checked under torch.func.vmap yet
     scheduler_interval = "step"
 
     def __init__(

@@ -241,10 +241,14 @@ class _LaplaceStudy(PaperTask, abstract=True):
 class ReLUMLPRegressor(_LaplaceStudy):
     """Regression (Gaussian likelihood, targets ``(N, 1)``) with a ReLU MLP; see ``_LaplaceStudy``."""
 
+    vectorizable = False  # --run.seeds: not checked yet under torch.func.vmap (its targets are (N, 1) floats)
+
     likelihood = "gaussian"
 
 
 class ReLUMLPClassifier(_LaplaceStudy):
     """Classification (categorical likelihood, integer labels) with a ReLU MLP; see ``_LaplaceStudy``."""
+
+    vectorizable = True  # a pure step; the Laplace evidence and the rescalings run at test time, on one seed's run
 
     likelihood = "categorical"

@@ -88,6 +88,7 @@ class CausalPiecesSNN(PaperTask):
     paper_id = "000-01"
     monitor = "val/acc"
     monitor_mode = "max"
+    vectorizable = False  # --run.seeds: it draws random numbers during training
 
     def __init__(
         self,

@@ -60,6 +60,7 @@ class CDScalingLM(CausalLMTask):
     paper_id = "000-12"
     monitor = "val/loss"
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: it configures its own optimizers
 
     def __init__(
         self,

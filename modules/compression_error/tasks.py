@@ -137,6 +137,7 @@ class SignalFit(_SignalTask):
     paper_id = "000-13"
     monitor = "val/rmse"
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: it draws random numbers during training
 
     def __init__(
         self,
@@ -234,6 +235,7 @@ class CompressionLadder(_SignalTask):
     # best checkpoint is the last; test --ckpt_path best scores the whole ladder.
     monitor = "val/levels_done"
     monitor_mode = "max"
+    vectorizable = False  # --run.seeds: it draws random numbers during training
 
     def __init__(
         self,

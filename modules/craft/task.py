@@ -147,6 +147,7 @@ class FederatedClassifier(PaperTask):
     paper_id = "000-04"
     monitor = "val/acc"
     monitor_mode = "max"
+    vectorizable = False  # --run.seeds: it optimises manually (automatic_optimization = False)
 
     def __init__(
         self,

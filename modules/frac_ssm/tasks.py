@@ -70,6 +70,7 @@ class FracSSMLM(_FracSSMTask):
 
     monitor = "val/acc"
     monitor_mode = "max"
+    vectorizable = False  # --run.seeds: its step has not been checked under torch.func.vmap yet
 
     def __init__(
         self,
@@ -148,6 +149,7 @@ class FracSSMRegressor(_FracSSMTask):
 
     monitor = "val/mse"
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: its step has not been checked under torch.func.vmap yet
 
     def __init__(
         self,

@@ -53,6 +53,7 @@ class CompressedDistributedSGD(SimulatedServerTask):
     """
 
     paper_id = "004-18"
+    vectorizable = False  # --run.seeds: it optimises manually (automatic_optimization = False)
 
     def __init__(
         self,

@@ -190,6 +190,7 @@ class LMCEndpoint(CausalLMTask):
     paper_id = "004-03"
     monitor = "val/loss"
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: its step has not been checked under torch.func.vmap yet
 
     def __init__(
         self,
@@ -224,6 +225,7 @@ class DualLMCAligner(PaperTask):
     paper_id = "004-03"
     monitor = "val/barrier"
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: it optimises manually (automatic_optimization = False)
     summary_metrics = ("val/barrier", "val/loss_at_05")
 
     def __init__(

@@ -52,6 +52,7 @@ class MomentPropagationStudy(PaperTask):
     paper_id = "002-06"
     monitor = "train/loss"
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: it optimises manually (automatic_optimization = False)
     summary_metrics = ("test/kl/exact/s_0.1", "test/kl/linearize/s_0.1", "test/kl/diag/s_0.1")
 
     def __init__(

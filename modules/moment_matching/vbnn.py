@@ -61,6 +61,7 @@ class DeterministicVBNN(PaperTask):
     paper_id = "002-06"
     monitor = "val/nll"
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: it draws random numbers during training
     summary_metrics = ("test/kl_mc", "test/kl_mc_exact", "test/kl_mc_diag", "test/kl_floor")
 
     def __init__(

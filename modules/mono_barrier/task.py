@@ -37,6 +37,7 @@ class MonotoneBarrierModule(PaperTask):
     paper_id = "004-14"
     monitor = "train/violations"
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: it keeps training state beyond its parameters (extra_state)
 
     def __init__(
         self,

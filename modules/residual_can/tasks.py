@@ -127,6 +127,7 @@ class CauchyPINN(_FieldTask):
     paper_id = PAPER_ID
     monitor = "val/pde_loss"  # L2 residual + boundary term on the grid: needs no u*
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: its step has not been checked under torch.func.vmap yet
     scheduler_interval = "step"  # a cosine schedule's T_max counts optimiser steps
 
     def __init__(
@@ -260,6 +261,7 @@ class CauchyScoreNet(_FieldTask):
     paper_id = PAPER_ID
     monitor = "val/dsm"
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: it draws random numbers during training
     scheduler_interval = "step"
 
     def __init__(

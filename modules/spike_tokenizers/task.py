@@ -94,6 +94,7 @@ class SpikeTokenizerAE(PaperTask):
     paper_id = "002-08"
     monitor = "val/loss"
     monitor_mode = "min"
+    vectorizable = False  # --run.seeds: it draws random numbers during training
     summary_metrics = ("test/bits_per_spike", "test/decode_r2", "test/supervised_r2", "test/heldout_decode_r2")
 
     def __init__(

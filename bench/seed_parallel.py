@@ -1,0 +1,91 @@
+"""Seed-parallel throughput: K seeds in one ``fit --run.seeds`` against the same K seeds one after another.
+
+    python bench/seed_parallel.py                      # K = 1, 4, 16, 32 of both cases
+    python bench/seed_parallel.py --cases mlp --ks 16  # one case, one K
+
+Both sides run end to end through the CLI (``cli_messages.run_training``, as ``python main.py fit`` does) with
+MLflow logging and checkpoints, in one fresh process per measurement (its own temporary folder and MLflow
+store, created before the clock starts): "sequential" is K plain fits ``--seed_everything s`` in that
+process, "vectorized" one fit with ``--run.seeds``. The ratio is sequential time / vectorized time (the same
+work, so the throughput ratio). Peak memory is the process's peak resident set (``ru_maxrss``).
+
+Cases (the issue's): ``mlp`` the reference yinyang MLP, 3 epochs of its 5,000 samples, batch 32;
+``gpt`` weight drift's tiny GPT (``configs/weight_drift/tiny_gpt_text.yaml``) at 30 steps, validation at
+the end on 4 batches; its diagnostics dropped (``--trainer.callbacks=[]``: they watch one model).
+Not a timed test: numbers depend on the machine and its load; docs/benchmarks.md records them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CASES = {
+    "mlp": ["--config", str(REPO / "configs/mlp_classifier/yinyang.yaml"), "--trainer.max_epochs", "3"],
+    "gpt": ["--config", str(REPO / "configs/weight_drift/tiny_gpt_text.yaml"), "--trainer.callbacks=[]",
+            "--trainer.max_steps", "30", "--trainer.val_check_interval", "30", "--trainer.limit_val_batches", "4"],
+}
+
+
+def one(case: str, mode: str, k: int) -> dict[str, float]:
+    """One measurement in this process (a fresh one: see ``main``)."""
+    sys.path.insert(0, str(REPO))
+    os.environ["CI"] = "1"  # no progress bar
+    folder = Path(tempfile.mkdtemp(prefix="paperlab-seeds-"))
+    os.chdir(folder)
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlflow.db'}"
+    import lightning_cli  # noqa: F401 - imported before the clock: a process's cost, not a run's
+    from cli_messages import run_training
+    from tracking.uri import prepare_store
+
+    prepare_store(os.environ["MLFLOW_TRACKING_URI"], None, writable=True)  # the store's tables: not timed
+    seeds = list(range(k))
+    start = time.perf_counter()
+    if mode == "sequential":
+        for s in seeds:
+            assert run_training(["fit", *CASES[case], "--seed_everything", str(s), "--run.name", f"s{s}"]) == 0
+    else:
+        assert run_training(["fit", *CASES[case], "--run.seeds", json.dumps(seeds), "--run.name", "stack"]) == 0
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def measure(case: str, mode: str, k: int) -> dict[str, float]:
+    out = subprocess.run([sys.executable, __file__, "--one", case, mode, str(k)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    if out.returncode != 0:
+        raise SystemExit(f"{case} {mode} K={k} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--ks", nargs="+", type=int, default=[1, 4, 16, 32])
+    parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        case, mode, k = args.one
+        print(json.dumps(one(case, mode, int(k))))
+        return
+    print(f"load average at start: {os.getloadavg()[0]:.2f}", flush=True)
+    for case in args.cases:
+        for k in args.ks:
+            seq, vec = measure(case, "sequential", k), measure(case, "vectorized", k)
+            ratio = seq["seconds"] / vec["seconds"]
+            print(f"{case} K={k}: vectorized/sequential throughput {ratio:.2f} (sequential {seq['seconds']:.1f} s, "
+                  f"vectorized {vec['seconds']:.1f} s; peak memory {seq['peak_mb']:.0f} MB / {vec['peak_mb']:.0f} MB)",
+                  flush=True)
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

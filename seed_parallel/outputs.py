@@ -1,0 +1,235 @@
+"""What a seed-parallel fit leaves behind: K ordinary runs, as K plain fits would.
+
+MLflow: a parent run ``<run name> seeds`` (the config with ``run.seeds``, tagged as a sweep parent so that
+``compare`` reads its children like a sweep's seeds and never counts the parent) and one child run per seed,
+``<run name> s<seed>``, with the params of a plain run with ``seed_everything: <seed>`` (``run.seeds`` None,
+as in a plain run), the plain run's tags, the same metric names at the same steps and ``<monitor>_best``.
+Files: each child has its own folder ``<checkpoint_root>/<experiment>/<run name>_s<seed>/`` with
+``mlflow_run.json``, ``last.ckpt`` (the weights at the end) and ``best-epoch<NNN>.ckpt`` (the best epoch's
+weights), both loadable by a plain ``test --ckpt_path``; they are written when training ends, not every
+epoch (the best weights are kept in memory until then), so a seed-parallel fit does not resume.
+
+The trainer sees one logger, ``SeedRunsLogger`` (the parent run): it routes every metric named
+``s<seed>/<metric>`` to that seed's child run as ``<metric>``, and ``epoch`` to all of them; the child
+loggers share one writer thread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_only
+
+from callbacks.checkpoints import AtomicCheckpointIO
+from tracking.config_artifact import fit_params, run_tags
+from tracking.figures import log_artifact_bytes
+from tracking.mlflow_logger import PaperlabMLFlowLogger
+from tracking.run_registry import RUN_FILE
+
+_SEEDED = re.compile(r"^s(-?\d+)/(.+)$")
+PARENT_ROLE = "parent"  # the value sweeps give the tag sweep.role of a sweep's parent run (compare skips those)
+
+
+def child_name(run_name: str, seed: int) -> str:
+    return f"{run_name} s{seed}"
+
+
+def parent_name(run_name: str) -> str:
+    return f"{run_name} seeds"
+
+
+class SeedRunsLogger(PaperlabMLFlowLogger):
+    """The parent run's logger; ``s<seed>/<metric>`` goes to that seed's child run (see the module docstring).
+
+    Args:
+        seeds: the seeds, each with a child run (created by ``open_children``).
+        kwargs: ``PaperlabMLFlowLogger``'s, for the parent run.
+    """
+
+    def __init__(self, seeds: Sequence[int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seeds = [int(s) for s in seeds]
+        self.children: dict[int, PaperlabMLFlowLogger] = {}
+        self.failed: set[int] = set()
+        self._shared = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paperlab-mlflow-seeds")
+        self._opened: Future | None = None
+
+    def open_children(self, names: Mapping[int, str], tags: Mapping[str, Any], params: Mapping[str, Any],
+                      configs: Mapping[int, str], folders: Mapping[int, Path]) -> None:
+        """One child run per seed under this run, with its params, tags and config, and its folder's run
+        record. On the shared writer thread: K runs cost K times a run's start-up commits (about 0.1 s each
+        on sqlite), which overlap the first training steps instead of delaying them; the children's metrics
+        go through the same thread, so they reach runs that exist. An error is raised at ``finalize``."""
+        parent = self.run_id
+        for seed in self.seeds:
+            self.children[seed] = PaperlabMLFlowLogger(
+                experiment_name=self.experiment_name, run_name=names[seed], tracking_uri=self.tracking_uri,
+                tags={**tags, "mlflow.parentRunId": parent}, flush_every_s=self.flush_every_s, writer=self._shared)
+        self._opened = self._shared.submit(self._open, dict(params), dict(configs), dict(folders))
+
+    def _open(self, params: dict[str, Any], configs: dict[int, str], folders: dict[int, Path]) -> None:
+        for seed in self.seeds:
+            child = self.children[seed]
+            child.log_hyperparams({**params, "seed_everything": seed})  # creates the run, in seed order
+            log_artifact_bytes(child, configs[seed], "config/config.yaml")
+            folder = folders[seed]
+            folder.mkdir(parents=True, exist_ok=True)
+            record = {"run_id": child.run_id, "experiment_name": child.experiment_name,
+                      "experiment_id": child.experiment_id, "tracking_uri": child.tracking_uri}
+            (folder / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        own: dict[str, float] = {}
+        routed: dict[int, dict[str, float]] = {s: {} for s in self.children}
+        for key, value in metrics.items():
+            match = _SEEDED.match(key)
+            if match and int(match.group(1)) in routed:
+                routed[int(match.group(1))][match.group(2)] = value
+            elif key == "epoch":  # Lightning's own, added to every evaluation's values
+                own[key] = value
+                for values in routed.values():
+                    values[key] = value
+            else:
+                own[key] = value
+        for seed, values in routed.items():
+            if values and not (set(values) <= {"epoch"}):
+                self.children[seed].log_metrics(values, step)
+        if own and not (set(own) <= {"epoch"}):
+            super().log_metrics(own, step)
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        try:
+            if self._opened is not None:
+                self._opened.result()  # the children exist (or their creation's error is raised here)
+            for seed, child in self.children.items():
+                child.finalize("failed" if seed in self.failed and status == "success" else status)
+        finally:
+            self._shared.shutdown(wait=True)
+            super().finalize(status)
+
+
+class SeedOutputs(Callback):
+    """Per seed: the child run's params, tags, config and run record at fit start, ``<monitor>_best`` after
+    every validation, ``last.ckpt`` and ``best-epoch<NNN>.ckpt`` when training ends.
+
+    Args:
+        seeds: the seeds.
+        names: child run name per seed.
+        folders: checkpoint folder per seed.
+        configs: the dumped config (YAML) of the plain run of each seed.
+        tags: tags every child gets (the parent's command-line tags and the sweep tags).
+        monitor, mode: the task's monitored metric and its direction.
+    """
+
+    def __init__(self, seeds: Sequence[int], names: Mapping[int, str], folders: Mapping[int, Path],
+                 configs: Mapping[int, str], tags: Mapping[str, Any], monitor: str, mode: str) -> None:
+        self.seeds = [int(s) for s in seeds]
+        self.names, self.folders, self.configs = dict(names), dict(folders), dict(configs)
+        self.tags = dict(tags)
+        self.monitor, self.mode = monitor, mode
+        self.best: dict[int, float] = {}
+        self.best_state: dict[int, tuple[int, int, dict[str, torch.Tensor]]] = {}
+        self.io = AtomicCheckpointIO()
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        logger = trainer.logger
+        if not isinstance(logger, SeedRunsLogger) or not trainer.is_global_zero:
+            return
+        # the same for every seed (the task's class, the data, the hardware, the commit): read once
+        tags = {**self.tags, **run_tags(trainer, pl_module.tasks[0], "fit")}
+        logger.open_children(self.names, tags, fit_params(self.configs[self.seeds[0]]), self.configs, self.folders)
+
+    def _better(self, seed: int, value: float) -> bool:
+        best = self.best.get(seed)
+        return best is None or (value > best if self.mode == "max" else value < best)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        out: dict[str, float] = {}
+        for seed, task in zip(self.seeds, pl_module.tasks, strict=True):
+            key = f"s{seed}/{self.monitor}"
+            if key not in trainer.callback_metrics or seed in pl_module.failed:
+                continue
+            value = float(trainer.callback_metrics[key])
+            if math.isfinite(value) and self._better(seed, value):
+                self.best[seed] = value
+                state = {k: v.detach().clone() for k, v in task.state_dict().items()}
+                self.best_state[seed] = (trainer.current_epoch, trainer.global_step, state)
+            if seed in self.best:
+                out[f"s{seed}/{self.monitor}_best"] = self.best[seed]
+        if out and trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(out, step=trainer.global_step)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        logger = trainer.logger
+        if isinstance(logger, SeedRunsLogger):
+            logger.failed = set(pl_module.failed)
+        writes = []
+        for seed, task in zip(self.seeds, pl_module.tasks, strict=True):
+            if seed in pl_module.failed:
+                continue
+            state = {k: v.detach().clone() for k, v in task.state_dict().items()}
+            writes.append((self._checkpoint(task, trainer.current_epoch, trainer.global_step, state),
+                           self.folders[seed] / "last.ckpt"))
+            if seed in self.best_state:
+                epoch, step, best = self.best_state[seed]
+                writes.append((self._checkpoint(task, epoch, step, best), self.folders[seed] / f"best-epoch{epoch:03d}.ckpt"))
+        # 2K atomic writes, each ending in an fsync: a few threads wait for the disk together (the GIL is free
+        # meanwhile); an error is raised here, the files already written stay complete
+        with ThreadPoolExecutor(max_workers=4, thread_name_prefix="paperlab-seed-ckpt") as pool:
+            for done in [pool.submit(self.io.save_checkpoint, ckpt, path) for ckpt, path in writes]:
+                done.result()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """Ctrl-C: each seed's weights at the interrupt (``interrupted.ckpt``) and its best so far, as a plain
+        fit leaves them (``callbacks.guards.InterruptCheckpoint``); for evaluation, not for a resume."""
+        if not isinstance(exception, KeyboardInterrupt) or not trainer.is_global_zero:
+            return
+        for seed, task in zip(self.seeds, pl_module.tasks, strict=True):
+            state = {k: v.detach().clone() for k, v in task.state_dict().items()}
+            self.io.save_checkpoint(self._checkpoint(task, trainer.current_epoch, trainer.global_step, state),
+                                    self.folders[seed] / "interrupted.ckpt")
+            if seed in self.best_state:
+                epoch, step, best = self.best_state[seed]
+                self.io.save_checkpoint(self._checkpoint(task, epoch, step, best),
+                                        self.folders[seed] / f"best-epoch{epoch:03d}.ckpt")
+
+    @staticmethod
+    def _checkpoint(task: Any, epoch: int, step: int, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """A weights-only checkpoint as Lightning writes one: what a plain ``test --ckpt_path`` loads."""
+        return {"epoch": epoch, "global_step": step, "pytorch-lightning_version": L.__version__,
+                "state_dict": state, "hparams_name": "kwargs", "hyper_parameters": dict(task.hparams),
+                "paperlab_task_state": task.extra_state()}
+
+
+def seed_summary(module: Any, outputs: SeedOutputs, logger: Any, metrics: Mapping[str, Any]) -> list[str]:
+    """The summary's lines for a seed-parallel fit: one per seed (monitor last and best, its run, its folder)."""
+    lines = []
+    monitor = outputs.monitor
+    parent = f"parent run {logger.run_id}" if isinstance(logger, SeedRunsLogger) else "no MLflow run"
+    lines.append(f"  {len(outputs.seeds)} seeds in one process ({parent})")
+    for seed in outputs.seeds:
+        last = metrics.get(f"s{seed}/{monitor}")
+        best = outputs.best.get(seed)
+        state = "FAILED (loss not finite)" if seed in module.failed else (
+            f"{monitor} last {float(last):.4g}" if last is not None else f"{monitor} not logged")
+        if best is not None and seed not in module.failed:
+            state += f", best {best:.4g}"
+        run = logger.children[seed].run_id if isinstance(logger, SeedRunsLogger) and seed in logger.children else "-"
+        lines.append(f"  s{seed}: {state}; run {run}; {outputs.folders[seed]}/")
+    return lines

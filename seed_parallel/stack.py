@@ -1,0 +1,383 @@
+"""K seeds of one task trained in one process: parameters stacked on a leading seed axis, one vmapped step.
+
+``SeedStack`` takes K copies of a task, each built by the CLI exactly as a plain ``fit --seed_everything s``
+builds it (so each holds its own initialisation), stacks their parameters and buffers with
+``torch.func.stack_module_state`` and points every copy's tensors at its slice of the stack (``tie``): the
+optimizer steps the stacked tensors, and copy ``k`` always holds seed ``k``'s current weights (its metrics,
+``extra_epoch_metrics`` and its checkpoint read them). One training step is ``vmap`` of the task's own
+``step`` through ``functional_call`` over the seed axis; the loss back-propagated is the sum of the K seeds'
+losses, so every seed's gradient is its own, unscaled (the seeds share no parameter). The optimizer is the
+task's, built once over the stacked tensors: torch's optimizers are elementwise (SGD with momentum and
+weight decay, Adam(W)), so one step over a stack is K independent steps, with one state per element.
+
+``SeedStackData`` holds the K DataModules (each built under its own seed: its data and its order are the
+plain run's) and zips their loaders (``ZipLoader``): step ``i`` gets batch ``i`` of every seed, stacked.
+
+What is refused, in one line naming the sequential fallback (``refusal``): a task that is not
+``vectorizable``, a step that does not run under ``vmap``, gradient clipping (it would clip the norm over
+all seeds), accumulated gradients, ``ReduceLROnPlateau`` (it follows one metric, not K), several
+optimizers.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from datamodules.base import ResumableLoader
+from errors import ConfigError
+from modules.base import PaperTask, Stage, as_step_output, metric_args
+
+#: the Lightning hooks of a fit: a task that overrides one is refused (the stack runs PaperTask's, for all seeds)
+FIT_HOOKS = ("training_step", "validation_step", "on_fit_start", "on_train_start", "on_train_epoch_start",
+             "on_train_batch_start", "on_train_batch_end", "on_train_epoch_end", "on_validation_epoch_start",
+             "on_validation_epoch_end", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
+             "optimizer_step", "configure_gradient_clipping", "on_train_end", "on_fit_end", "setup")
+# torch has no vmap rule for CPU flash attention and loops over the seeds instead: measured (tiny GPT shapes,
+# 4 seeds, forward + backward) 21.8 ms against 22.7 ms for four plain calls, so nothing a user should act on
+warnings.filterwarnings("ignore", message=r".*not yet implemented the batching rule for aten::_scaled_dot_product")
+SEQUENTIAL = "run the seeds one after another instead (a sweep with `seeds:`, or one fit per --seed_everything)"
+
+
+def refusal(why: str) -> ConfigError:
+    """The one line a seed-parallel run that cannot be vectorised fails with."""
+    return ConfigError(f"--run.seeds cannot train these seeds in one process: {why}; {SEQUENTIAL}")
+
+
+class _StepCall(nn.Module):
+    """``forward`` = the task's ``step``, so that ``functional_call`` can run ``step`` on other parameters."""
+
+    def __init__(self, task: PaperTask) -> None:
+        super().__init__()
+        self.task = task
+
+    def forward(self, batch: Any, stage: Stage) -> Any:
+        return self.task.step(batch, stage)
+
+
+def _stack_batches(batches: Sequence[Any]) -> Any:
+    """K batches of the same structure as one batch with a leading seed axis."""
+    first = batches[0]
+    if isinstance(first, Tensor):
+        return torch.stack(list(batches))
+    if isinstance(first, list | tuple):
+        return type(first)(_stack_batches([b[i] for b in batches]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _stack_batches([b[k] for b in batches]) for k in first}
+    raise refusal(f"a batch holds a {type(first).__name__}, which cannot be stacked over seeds")
+
+
+class ZipLoader:
+    """K loaders, one per seed, zipped: each item is their K batches stacked on a new leading axis.
+
+    A paperlab loader (``ResumableLoader``) orders its batches from its own ``(seed, epoch)``; any other
+    loader draws from torch's global generator when iterated, so each gets its own generator state (from
+    when its seed's task was built, as in a plain run) swapped in around each of its batches.
+    """
+
+    def __init__(self, loaders: Sequence[Any], rng_states: Sequence[Tensor] | None = None) -> None:
+        lengths = {len(loader) for loader in loaders}
+        if len(lengths) != 1:
+            raise refusal(f"the seeds' loaders have different lengths {sorted(lengths)}")
+        self.loaders = list(loaders)
+        self.rng_states = list(rng_states) if rng_states is not None else None
+        self.sampler = self  # Lightning tells a loader its epoch through loader.sampler.set_epoch
+        self.batch_sampler = None
+
+    def __len__(self) -> int:
+        return len(self.loaders[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        for loader in self.loaders:
+            sampler = getattr(loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+
+    def _own_rng(self, k: int) -> bool:
+        return self.rng_states is not None and not isinstance(self.loaders[k], ResumableLoader)
+
+    def __iter__(self) -> Iterator[Any]:
+        iterators = []
+        for k, loader in enumerate(self.loaders):
+            iterators.append(self._with_rng(k, lambda loader=loader: iter(loader)))
+        while True:
+            try:
+                batches = [self._with_rng(k, lambda it=it: next(it)) for k, it in enumerate(iterators)]
+            except StopIteration:
+                return
+            yield _stack_batches(batches)
+
+    def _with_rng(self, k: int, fn: Any) -> Any:
+        if not self._own_rng(k):
+            return fn()
+        assert self.rng_states is not None
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self.rng_states[k])
+        try:
+            return fn()
+        finally:
+            self.rng_states[k] = torch.get_rng_state()
+            torch.set_rng_state(outer)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loaders": [loader.state_dict() if hasattr(loader, "state_dict") else {} for loader in self.loaders]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for loader, s in zip(self.loaders, state["loaders"], strict=True):
+            if s and hasattr(loader, "load_state_dict"):
+                loader.load_state_dict(s)
+
+
+class SeedStackData(L.LightningDataModule):
+    """The K seeds' DataModules as one: their loaders zipped (``ZipLoader``).
+
+    Args:
+        datamodules: one per seed, each built as the plain run of that seed builds it.
+        rng_states: torch's global generator state of each seed after its task was built (what a plain run's
+            ``DataLoader`` would draw its shuffling from).
+    """
+
+    def __init__(self, datamodules: Sequence[L.LightningDataModule], rng_states: Sequence[Tensor]) -> None:
+        super().__init__()
+        self.datamodules = list(datamodules)
+        self.rng_states = list(rng_states)
+        self.dataset_name = getattr(self.datamodules[0], "dataset_name", "data")
+
+    def prepare_data(self) -> None:
+        self.datamodules[0].prepare_data()
+
+    def setup(self, stage: str) -> None:
+        for dm in self.datamodules:
+            dm.trainer = self.trainer
+            dm.setup(stage)
+
+    def train_dataloader(self) -> ZipLoader:
+        return ZipLoader([dm.train_dataloader() for dm in self.datamodules], self.rng_states)
+
+    def val_dataloader(self) -> ZipLoader:
+        return ZipLoader([dm.val_dataloader() for dm in self.datamodules])
+
+
+class SeedStack(L.LightningModule):
+    """K copies of a task (one per seed) trained as one (see the module docstring).
+
+    Args:
+        tasks: the seeds' tasks, each built under its own seed (``seed_everything(s)`` then the CLI's
+            instantiation), all of one class and one configuration.
+        seeds: their seeds, in the same order.
+    """
+
+    def __init__(self, tasks: Sequence[PaperTask], seeds: Sequence[int]) -> None:
+        super().__init__()
+        first = tasks[0]
+        cls = type(first)
+        if not getattr(cls, "vectorizable", False):
+            raise refusal(f"{cls.__name__} is not vectorizable ({cls.__name__}.vectorizable is False: its step is "
+                          "not known to be a pure function of parameters and batch; docs/design.md, "
+                          "'Seed-parallel runs', says how to make a method vectorizable)")
+        if len(set(seeds)) != len(seeds) or not seeds:
+            raise ConfigError(f"--run.seeds needs distinct seeds, got {list(seeds)}")
+        if not first.automatic_optimization:
+            raise refusal(f"{cls.__name__} optimises manually")
+        if type(first).configure_optimizers is not PaperTask.configure_optimizers:
+            raise refusal(f"{cls.__name__} configures its own optimizers")
+        hooks = [h for h in FIT_HOOKS if getattr(cls, h) is not getattr(PaperTask, h)]
+        if hooks:  # the stack runs the base's hooks for all seeds, never a task's own
+            raise refusal(f"{cls.__name__} overrides {', '.join(hooks)}, which a stack of seeds does not run")
+        self.seeds = [int(s) for s in seeds]
+        # a plain list: the tasks are not submodules (their tensors are views of the stack, see tie)
+        self.tasks: list[PaperTask] = list(tasks)
+        self.paper_id, self.monitor, self.monitor_mode = cls.paper_id, cls.monitor, cls.monitor_mode
+        self.summary_metrics = cls.summary_metrics
+        self.task_class = cls
+        params, buffers = stack_module_state(self.tasks)  # type: ignore[arg-type]
+        self.param_names = list(params)
+        self.buffer_names = list(buffers)
+        self.stacked = nn.ParameterList([nn.Parameter(params[n].detach().clone()) for n in self.param_names])
+        for i, name in enumerate(self.buffer_names):
+            self.register_buffer(f"buffer_{i}", buffers[name].clone())
+        self._caller = [_StepCall(first)]  # in a list: not a submodule either
+        self._vstep: dict[str, Any] = {}
+        self._pending: dict[str, list[dict[str, tuple[Any, ...]]]] = {"train": [], "val": [], "test": []}
+        self.failed: set[int] = set()  # seeds whose training loss became NaN or infinite: their runs end FAILED
+        self.tie()
+
+    # --- the stack and the copies ---------------------------------------------------------------------------
+    def stacked_buffers(self) -> list[Tensor]:
+        return [getattr(self, f"buffer_{i}") for i in range(len(self.buffer_names))]
+
+    def tie(self) -> None:
+        """Point every task's parameters and buffers at its slice of the stack (again after a device move)."""
+        params = dict(zip(self.param_names, self.stacked, strict=True))
+        buffers = dict(zip(self.buffer_names, self.stacked_buffers(), strict=True))
+        for k, task in enumerate(self.tasks):
+            task.to(self.device)
+            for name, p in task.named_parameters():
+                p.requires_grad_(False)
+                p.data = params[name].data[k]
+            for name, b in task.named_buffers():
+                b.data = buffers[name].data[k]
+
+    def on_fit_start(self) -> None:
+        self.tie()
+
+    # --- one step for all seeds ------------------------------------------------------------------------------
+    def _vectorized(self, stage: Stage) -> Any:
+        """``vmap`` over the seed axis of: ``step`` on one seed's parameters, split into tensors (vmapped) and
+        constants (the same for every seed: token counts, which metrics a stage updates)."""
+        if stage in self._vstep:
+            return self._vstep[stage]
+        caller = self._caller[0]
+        task = self.tasks[0]
+        names = task._metric_names
+        layout: dict[str, Any] = {}
+        # every name of every tensor (a tied weight has two), found once: functional_call's own search for ties
+        # walks every submodule at every call (the metrics' too), about 0.4 ms per step for the reference MLP
+        aliases = [(f"task.{alias}", i) for i, name in enumerate(self.param_names)
+                   for alias, p in task.named_parameters(remove_duplicate=False) if p is task.get_parameter(name)]
+        buffer_aliases = [(f"task.{alias}", i) for i, name in enumerate(self.buffer_names)
+                          for alias, b in task.named_buffers(remove_duplicate=False) if b is task.get_buffer(name)]
+
+        def one(params: tuple[Tensor, ...], buffers: tuple[Tensor, ...], batch: Any) -> dict[str, Tensor]:
+            state = {alias: params[i] for alias, i in aliases} | {alias: buffers[i] for alias, i in buffer_aliases}
+            out = as_step_output(functional_call(caller, state, (batch, stage), tie_weights=False))
+            tensors: dict[str, Tensor] = {}
+            spec: dict[str, list[Any]] = {}
+            for name, args in metric_args(out, names).items():
+                spec[name] = []
+                for i, a in enumerate(args):
+                    if isinstance(a, Tensor):
+                        tensors[f"{name}\0{i}"] = a
+                        spec[name].append(None)
+                    else:
+                        spec[name].append(a)
+            layout["spec"] = spec
+            return tensors
+
+        fn = vmap(one, in_dims=(0, 0, 0), randomness="error")
+        self._vstep[stage] = (fn, layout)
+        return self._vstep[stage]
+
+    def seed_step(self, batch: Any, stage: Stage) -> tuple[Tensor, dict[str, tuple[Any, ...]]]:
+        """The K seeds' losses ``(K,)`` and each metric's arguments with a leading seed axis."""
+        fn, layout = self._vectorized(stage)
+        tensors = fn(tuple(self.stacked), tuple(self.stacked_buffers()), batch)
+        args = {name: tuple(tensors[f"{name}\0{i}"] if c is None else c for i, c in enumerate(spec))
+                for name, spec in layout["spec"].items()}
+        return args[""][0], args
+
+    def _record(self, args: dict[str, tuple[Any, ...]], stage: Stage) -> None:
+        self._pending[stage].append({n: tuple(a.detach() if isinstance(a, Tensor) else a for a in v)
+                                     for n, v in args.items()})
+        if len(self._pending[stage]) >= self.tasks[0].metric_flush_every:
+            self.flush(stage)
+
+    def flush(self, stage: Stage) -> None:
+        """Hand the kept steps to every seed's metrics: per metric, the steps merged once for all seeds
+        (stacked over seeds, concatenated over steps), then one ``update`` per seed with its slice."""
+        steps, self._pending[stage] = self._pending[stage], []
+        if not steps:
+            return
+        for name in steps[0]:
+            calls = [s[name] for s in steps if name in s]
+            try:
+                merged = [_merge_seeded([c[i] for c in calls]) for i in range(len(calls[0]))]
+            except (RuntimeError, TypeError, ValueError):
+                for call in calls:
+                    for k, task in enumerate(self.tasks):
+                        task.update_metrics(stage, {name: tuple(a[k] if isinstance(a, Tensor) else a for a in call)})
+                continue
+            for k, task in enumerate(self.tasks):
+                task.update_metrics(stage, {name: tuple(m[k] if seeded else m for m, seeded in merged)})
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss, args = self.seed_step(batch, "train")
+        self._record(args, "train")
+        # the seeds share no parameter: the gradient of the sum is each seed's own gradient
+        return loss.sum()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        _, args = self.seed_step(batch, "val")
+        self._record(args, "val")
+
+    # --- once per epoch: every seed's values, keyed s<seed>/<metric> (outputs.SeedRunsLogger routes them) -------
+    def seed_epoch_values(self, stage: Stage) -> dict[str, Tensor]:
+        self.flush(stage)
+        out: dict[str, Tensor] = {}
+        for seed, task in zip(self.seeds, self.tasks, strict=True):
+            values = task.epoch_metrics(stage)
+            values.update(task.extra_epoch_metrics(stage, values))
+            if seed in self.failed:
+                continue
+            out.update({f"s{seed}/{k}": v for k, v in values.items()})
+        return out
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx + 1 == self.trainer.num_training_batches:
+            self._log_train()
+
+    def on_train_epoch_end(self) -> None:
+        if self._pending["train"] or any(t._updated["train"] for t in self.tasks):
+            self._log_train()
+
+    def _log_train(self) -> None:
+        values = self.seed_epoch_values("train")
+        for seed in self.seeds:
+            loss = values.get(f"s{seed}/train/loss")
+            if loss is not None and not math.isfinite(float(loss)):
+                self.failed.add(seed)  # this seed stops being logged; the others go on
+        if set(self.seeds) <= self.failed:
+            self.trainer.should_stop = True  # nothing left to train
+        floats = {k: float(v) for k, v in values.items() if int(k[1:].split("/", 1)[0]) not in self.failed}
+        for logger in self.loggers:
+            logger.log_metrics(floats, step=self.global_step)
+        self.trainer.callback_metrics.update(values)
+
+    def on_validation_epoch_end(self) -> None:
+        values = self.seed_epoch_values("val")
+        if values:
+            self.log_dict(values, on_step=False, on_epoch=True, batch_size=1)
+
+    # --- optimisation ---------------------------------------------------------------------------------------
+    def configure_optimizers(self) -> Any:
+        task = self.tasks[0]
+        optimizer = task.optimizer_factory(list(self.stacked))
+        if len(optimizer.param_groups) != 1:
+            raise refusal("the optimizer splits the parameters into groups")
+        if "foreach" in optimizer.defaults and optimizer.defaults["foreach"] is None:
+            # one fused update over all stacked tensors: the same elementwise maths as the per-tensor loop
+            optimizer.param_groups[0]["foreach"] = True
+        if task.lr_scheduler_factory is None:
+            return optimizer
+        scheduler = task.lr_scheduler_factory(optimizer)
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            raise refusal("ReduceLROnPlateau follows one monitored value, and each seed has its own")
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": task.scheduler_interval}}
+
+    def check_trainer(self, trainer: L.Trainer) -> None:
+        """Refuse what would couple the seeds (or is not built): clipping, accumulation, several processes."""
+        if trainer.gradient_clip_val:
+            raise refusal("gradient clipping would clip the norm over all seeds together")
+        if trainer.accumulate_grad_batches != 1:
+            raise refusal("accumulate_grad_batches is not supported with seeds")
+        if trainer.world_size != 1:
+            raise refusal("several processes (DDP) are not supported with seeds")
+
+
+def _merge_seeded(parts: list[Any]) -> tuple[Any, bool]:
+    """One metric argument of several steps merged for all seeds: ``(value, has a seed axis)``. Per-seed
+    scalars ``(K,)`` are stacked to ``(K, steps)``, per-seed tensors ``(K, n, ...)`` concatenated along ``n``,
+    constants (the same for every seed) become a float64 vector, as ``PaperTask.flush_metrics`` merges them."""
+    first = parts[0]
+    if isinstance(first, Tensor):
+        return (torch.stack(parts, 1) if first.dim() == 1 else torch.cat(parts, 1)), True
+    if isinstance(first, bool) or not isinstance(first, int | float):
+        raise TypeError(f"cannot batch metric inputs of type {type(first).__name__}")
+    return torch.tensor(parts, dtype=torch.float64), False

@@ -1,0 +1,240 @@
+"""Seed-parallel training (``--run.seeds``, ``seed_parallel/``): each seed of a stack is the plain run of that seed.
+
+Fast: the stack's steps against each seed's own plain steps in Python (float64: equal to rounding; float32:
+the batched matmul rounds differently, about 1e-8 after one step), the zipped loaders' orders, the refusals.
+Slow: plain ``fit --seed_everything s`` against the child runs of one ``fit --run.seeds`` through the CLI, in
+float64 (``--trainer.precision 64-true``): float32 ReLU nets are chaotic at their kinks (a pre-activation
+1e-8 from zero flips with the rounding and the runs part by 1e-4 within a step; docs/design.md, "Seed-parallel
+runs"), float64 leaves them equal to 1e-15.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.fabric.utilities.seed import seed_everything
+
+from cli_messages import run_training
+from datamodules.base import BatchedTensorLoader
+from errors import ConfigError
+from modules.components.mlp import MLP
+from modules.weight_drift import WeightDriftModel
+from seed_parallel.stack import SeedStack, ZipLoader
+from tests.helpers import client
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _task(seed: int, optimizer: functools.partial) -> WeightDriftModel:
+    seed_everything(seed, verbose=False)
+    return WeightDriftModel(net=functools.partial(MLP, hidden=[16, 16], activation="relu"), optimizer=optimizer,
+                            input_shape=(8,), num_classes=3)
+
+
+def _batches(seed: int, n: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(100 + seed)
+    return [(torch.randn(12, 8, generator=gen, dtype=dtype), torch.randint(0, 3, (12,), generator=gen)) for _ in range(n)]
+
+
+def _plain(seed: int, optimizer: functools.partial, batches: list, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    task = _task(seed, optimizer).to(dtype)
+    opt = task.optimizer_factory(task.parameters())
+    for batch in batches:
+        opt.zero_grad()
+        task.step(batch, "train").loss.backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in task.state_dict().items()}
+
+
+def _stacked(seeds: list[int], optimizer: functools.partial, data: dict[int, list], dtype: torch.dtype) -> SeedStack:
+    stack = SeedStack([_task(s, optimizer) for s in seeds], seeds).to(dtype)
+    stack.tie()
+    opt = stack.configure_optimizers()
+    for i in range(len(data[seeds[0]])):
+        batch = tuple(torch.stack([data[s][i][j] for s in seeds]) for j in range(2))
+        opt.zero_grad()
+        loss, _ = stack.seed_step(batch, "train")
+        loss.sum().backward()
+        opt.step()
+    return stack
+
+
+OPTIMIZERS = {
+    "sgd momentum wd": functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=0.01),
+    "adamw": functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.1),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_each_seed_of_a_stack_takes_its_own_plain_steps(name: str) -> None:
+    """Own init, own data, own optimizer state, unscaled gradient: float64 agrees with the plain steps to
+    rounding; a stack whose seeds' inits or data were swapped does not."""
+    seeds, dtype = [3, 7, 11], torch.float64
+    data = {s: _batches(s, 6, dtype) for s in seeds}
+    stack = _stacked(seeds, OPTIMIZERS[name], data, dtype)
+    for k, s in enumerate(seeds):
+        plain = _plain(s, OPTIMIZERS[name], data[s], dtype)
+        got = stack.tasks[k].state_dict()
+        for key, value in plain.items():
+            torch.testing.assert_close(got[key], value, rtol=0, atol=1e-12, msg=f"seed {s} {key}")
+    other = _plain(seeds[1], OPTIMIZERS[name], data[seeds[0]], dtype)  # seed 7's init on seed 3's data
+    assert max((stack.tasks[0].state_dict()[k] - v).abs().max() for k, v in other.items()) > 1e-3
+
+
+def test_a_tied_weight_is_stacked_once_and_reaches_both_of_its_places() -> None:
+    """TinyGPT ties its head to its token embedding: a stack of it still takes each seed's plain steps."""
+    from modules.components.tiny_gpt import TinyGPT
+
+    net = functools.partial(TinyGPT, n_layer=1, n_head=2, n_embd=8, activation="relu", norm="rmsnorm")
+    optimizer = OPTIMIZERS["adamw"]
+
+    def task(seed: int) -> WeightDriftModel:
+        seed_everything(seed, verbose=False)
+        return WeightDriftModel(net=net, optimizer=optimizer, input_shape=(16,), num_classes=11).double()
+
+    seeds = [0, 1]
+    gen = torch.Generator().manual_seed(0)
+    data = {s: [(torch.randint(0, 11, (4, 16), generator=gen), torch.randint(0, 11, (4, 16), generator=gen))
+                for _ in range(3)] for s in seeds}
+    stack = SeedStack([task(s) for s in seeds], seeds)
+    opt = stack.configure_optimizers()
+    for i in range(3):
+        opt.zero_grad()
+        loss, _ = stack.seed_step(tuple(torch.stack([data[s][i][j] for s in seeds]) for j in range(2)), "train")
+        loss.sum().backward()
+        opt.step()
+    for k, s in enumerate(seeds):
+        plain = task(s)
+        plain_opt = optimizer(plain.parameters())
+        for batch in data[s]:
+            plain_opt.zero_grad()
+            plain.step(batch, "train").loss.backward()
+            plain_opt.step()
+        for key, value in plain.state_dict().items():
+            torch.testing.assert_close(stack.tasks[k].state_dict()[key], value, rtol=0, atol=1e-12, msg=key)
+
+
+def test_float32_parts_from_the_plain_run_by_rounding_only() -> None:
+    """float32: the stacked (batched) matmul rounds otherwise than one matmul, about 1e-8 after a step."""
+    seeds, dtype = [0, 1], torch.float32
+    data = {s: _batches(s, 1, dtype) for s in seeds}
+    stack = _stacked(seeds, OPTIMIZERS["adamw"], data, dtype)
+    for k, s in enumerate(seeds):
+        plain = _plain(s, OPTIMIZERS["adamw"], data[s], dtype)
+        worst = max((stack.tasks[k].state_dict()[key] - v).abs().max().item() for key, v in plain.items())
+        assert worst < 1e-6
+
+
+def test_zipped_loaders_give_each_seed_its_own_order() -> None:
+    x = torch.arange(10.0).unsqueeze(1)
+    loaders = [BatchedTensorLoader((x,), 4, shuffle=True, seed=s) for s in (0, 1)]
+    zipped = list(ZipLoader(loaders))
+    assert len(zipped) == 3
+    for k, s in enumerate((0, 1)):
+        alone = [b[0] for b in BatchedTensorLoader((x,), 4, shuffle=True, seed=s)]
+        for got, want in zip(zipped, alone, strict=True):
+            assert torch.equal(got[0][k], want)
+
+
+def test_a_torch_dataloader_shuffles_from_its_own_seeds_generator() -> None:
+    """A ``DataLoader`` draws its order from torch's global generator: each seed gets its own state back."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.arange(12.0))
+    states = []
+    for s in (0, 1):
+        torch.manual_seed(s)
+        states.append(torch.get_rng_state())
+    zipped = [b[0] for b in ZipLoader([DataLoader(data, batch_size=4, shuffle=True) for _ in (0, 1)], states)]
+    for k, s in enumerate((0, 1)):
+        torch.manual_seed(s)
+        alone = [b[0] for b in DataLoader(data, batch_size=4, shuffle=True)]
+        assert all(torch.equal(z[k], a) for z, a in zip(zipped, alone, strict=True))
+    assert not all(torch.equal(z[0], z[1]) for z in zipped)
+
+
+def test_a_task_that_is_not_vectorizable_is_refused_in_one_line() -> None:
+    class NotPure(WeightDriftModel):
+        vectorizable = False
+
+    seed_everything(0, verbose=False)
+    task = NotPure(net=functools.partial(MLP, hidden=[4]), input_shape=(8,), num_classes=3)
+    with pytest.raises(ConfigError, match="NotPure is not vectorizable.*one after another"):
+        SeedStack([task, task], [0, 1])
+
+
+def test_seeds_with_a_diagnostic_or_another_command_are_refused(paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
+    config = str(REPO / "configs/weight_drift/random_mlp_relu.yaml")
+    assert run_training(["fit", "--config", config, "--run.seeds", "[0,1]"]) == 2
+    assert "WeightDrift" in capsys.readouterr().err
+    assert run_training(["test", "--config", config, "--run.seeds", "[0,1]", "--trainer.callbacks=[]"]) == 2
+    assert "fit only" in capsys.readouterr().err
+
+
+# --- through the CLI: the child runs are the plain runs ------------------------------------------------------
+CASES = {
+    "yinyang": ("configs/mlp_classifier/yinyang.yaml", "mlp_classifier",
+                ["--trainer.max_epochs", "2", "--data.seed", "null"]),
+    "drift random mlp sgd": ("configs/weight_drift/random_mlp_relu.yaml", "weight_drift",
+                             ["--trainer.callbacks=[]", "--trainer.max_steps", "120", "--trainer.val_check_interval", "40"]),
+    "drift digits mlp adamw": ("configs/weight_drift/digits_mlp.yaml", "weight_drift",
+                               ["--trainer.callbacks=[]", "--trainer.max_epochs", "2", "--data.seed", "null"]),
+    "flip lipschitz probe": ("configs/flip_lipschitz/digits.yaml", "flip_lipschitz",
+                             ["--trainer.callbacks=[]", "--trainer.max_epochs", "2", "--data.seed", "null"]),
+    "canonical laplace classifier": ("configs/canonical_laplace/breast_cancer.yaml", "canonical_laplace",
+                                     ["--trainer.callbacks=[]", "--trainer.max_epochs", "40"]),
+}
+
+
+def _history(run: object, key: str) -> list[tuple[int, float]]:
+    return [(m.step, m.value) for m in sorted(client().get_metric_history(run.info.run_id, key), key=lambda m: m.step)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_child_run_equals_the_plain_fit_of_its_seed(case: str, paperlab_tmp: Path) -> None:
+    config, experiment, extra = CASES[case]
+    extra = [*extra, "--trainer.precision", "64-true"]
+    seeds = [0, 1, 2]
+    for s in seeds:
+        assert run_training(["fit", "--config", str(REPO / config), "--seed_everything", str(s),
+                             "--run.name", f"plain {s}", *extra]) == 0
+    assert run_training(["fit", "--config", str(REPO / config), "--run.seeds", json.dumps(seeds),
+                         "--run.name", "stack", *extra]) == 0
+    c = client()
+    exp = c.get_experiment_by_name(experiment)
+    runs = {r.info.run_name: r for r in c.search_runs([exp.experiment_id])}
+    parent = runs["stack seeds"]
+    assert parent.data.tags["sweep.role"] == "parent"
+    for s in seeds:
+        plain, child = runs[f"plain {s}"], runs[f"stack s{s}"]
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.data.params["seed_everything"] == str(s)
+        for tag in ("paper_id", "method", "dataset", "strategy", "devices", "accelerator", "stage.fit", "git_commit"):
+            assert child.data.tags.get(tag) == plain.data.tags.get(tag), tag
+        differ = {k for k in plain.data.params.keys() | child.data.params.keys()
+                  if plain.data.params.get(k) != child.data.params.get(k)}
+        assert differ <= {"run.name"}, differ
+        assert set(child.data.metrics) == set(plain.data.metrics)
+        assert {"val/loss", "train/loss"} <= set(plain.data.metrics)
+        assert any(k.endswith("_best") for k in plain.data.metrics)  # <monitor>_best
+        for key in plain.data.metrics:  # every metric's history, step by step
+            want, got = _history(plain, key), _history(child, key)
+            assert [st for st, _ in got] == [st for st, _ in want], key
+            for (_, a), (_, b) in zip(want, got, strict=True):
+                assert abs(a - b) <= 1e-5 * abs(a), (s, key, a, b)
+        weights = {}
+        for name in ("plain", "stack"):
+            folder = paperlab_tmp / "checkpoints" / experiment / (f"plain_{s}" if name == "plain" else f"stack_s{s}")
+            weights[name] = torch.load(folder / "last.ckpt", weights_only=False)["state_dict"]
+        for key, value in weights["plain"].items():
+            assert (weights["stack"][key] - value).abs().max() <= 1e-5 * max(1.0, value.abs().max()), (s, key)
+    # a child's checkpoint is a plain run's: test --ckpt_path best logs into that child run
+    assert run_training(["test", "--config", str(REPO / config), *extra, "--ckpt_path", "best",
+                         "--run.name", "stack s1"]) == 0
+    assert "test/loss" in c.get_run(runs["stack s1"].info.run_id).data.metrics
