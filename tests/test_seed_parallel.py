@@ -85,6 +85,20 @@ def test_each_seed_of_a_stack_takes_its_own_plain_steps(name: str) -> None:
     assert max((stack.tasks[0].state_dict()[k] - v).abs().max() for k, v in other.items()) > 1e-3
 
 
+def test_a_seed_whose_loss_is_nan_leaves_the_other_seeds_plain_steps_untouched() -> None:
+    """A NaN in one seed's batch makes that seed's loss and parameters NaN (its run ends FAILED at the epoch
+    end) and nothing else: the other seeds still take exactly their plain steps (the gradient of the summed
+    loss and the foreach optimizer update never mix seeds)."""
+    seeds, dtype, optimizer = [3, 7, 11], torch.float64, OPTIMIZERS["adamw"]
+    data = {s: _batches(s, 4, dtype) for s in seeds}
+    data[7][1][0][0, 0] = float("nan")
+    stack = _stacked(seeds, optimizer, data, dtype)
+    assert any(not torch.isfinite(v).all() for v in stack.tasks[1].state_dict().values())
+    for k, s in ((0, 3), (2, 11)):
+        for key, value in _plain(s, optimizer, data[s], dtype).items():
+            torch.testing.assert_close(stack.tasks[k].state_dict()[key], value, rtol=0, atol=1e-12, msg=f"{s} {key}")
+
+
 def test_a_tied_weight_is_stacked_once_and_reaches_both_of_its_places() -> None:
     """TinyGPT ties its head to its token embedding: a stack of it still takes each seed's plain steps."""
     from modules.components.tiny_gpt import TinyGPT
