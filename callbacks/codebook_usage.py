@@ -32,7 +32,6 @@ class CodebookUsage(Diagnostic):
     default_plot = False
     default_schedule = Schedule(every_n_steps=50)
 
-
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any] | None:
         assert isinstance(pl_module, CodebookCounts)
         batch = self.fixed_batch(trainer, moment)

@@ -31,7 +31,6 @@ class TokenAccounting(Diagnostic):
     default_plot = False
     default_schedule = Schedule(at_fit_start=False, every_n_epochs=1)
 
-
     def measure(self, trainer: L.Trainer, pl_module: L.LightningModule, moment: Moment) -> dict[str, Any] | None:
         assert isinstance(pl_module, TokenBudget)
         budget = pl_module.token_budget()

@@ -124,10 +124,11 @@ def analyse(anchors: list[ScalingRun], repeat: list[ScalingRun]) -> LawsResult:
     cells = []
     for (n, u, ep), members in sorted(groups.items()):
         cell: dict[str, Any] = {"N": n, "U": u, "epochs": ep, "runs": len(members)}
-        for key in ("val_loss", "D_eff", "eta_bar", "eta_bar_cd"):
+        for key in ("val_loss", "D_eff", "eta_bar_cd"):
             cell[key] = float(np.mean([m[key] for m in members]))  # NaN when a run is below the law's floor
-        # the seeds' spread of the measured eta_bar (through the one law: the law's own error is not in it)
-        _, cell["eta_bar_std"], cell["eta_bar_lo"], cell["eta_bar_hi"] = summarize([m["eta_bar"] for m in members])
+        # the measured eta_bar: its mean and its seeds' spread (through the one law: the law's own error is not in it)
+        cell["eta_bar"], cell["eta_bar_std"], cell["eta_bar_lo"], cell["eta_bar_hi"] = summarize(
+            [m["eta_bar"] for m in members])
         cells.append(cell)
     result = LawsResult(law, cd, constant, anchors, repeat, rows, cells)
     result.claims = claims(cells, cd.rmse, constant.rmse)
