@@ -367,8 +367,6 @@ class PaperlabCLI(LightningCLI):
         if self.resolved_ckpt_path is not None:
             raise ConfigError("a seed-parallel fit does not resume (--ckpt_path with --run.seeds); run the fit "
                               "again, or resume one seed as a plain run")
-        if len(set(seeds)) != len(seeds):
-            raise ConfigError(f"--run.seeds needs distinct seeds, got {seeds}")
         tasks, datamodules, states = [], [], []
         self.seed_configs: dict[int, str] = {}
         for s in seeds:
@@ -408,22 +406,14 @@ class PaperlabCLI(LightningCLI):
             archive_previous(folder)  # a fit of a taken name: the earlier files move aside, as with --run.name
             check_checkpoint_folder(folder)
         self.ckpt_dir = self._folder(parent_name(self.run_name))
-        tags = dict(self._value(self.config, "run").tags or {})
-        if self.overrides:
-            tags["overrides"] = " ".join(f"--{k} {v}" for k, v in self.overrides)
-            tags["mlflow.note.content"] = "python main.py " + shlex.join(self.argv)
-        tags[PROCESS_TAG] = this_process()
+        tags = {**(self._value(self.config, "run").tags or {}), **self._fit_tags()}
         sweep = {"sweep.name": parent_name(self.run_name)}
         logged = trainer_config.get("logger") in (None, True)
         if logged:
             check_tracking_server(default_tracking_uri())
             # runs of these names left RUNNING by a process that has ended (kill -9): marked KILLED, as a plain
             # fit does for its name (one query for all of them)
-            runs = mlflow_runs_named(default_tracking_uri(), self.experiment, self.run_name,
-                                     names=[parent_name(self.run_name), *names.values()])
-            for run in close_orphaned_runs(default_tracking_uri(), runs):
-                print(f"note: run '{run.info.run_name}' ({run.info.run_id}) was left RUNNING by a process that no "
-                      "longer exists: marked KILLED", file=sys.stderr, flush=True)
+            self._orphans_closed(self.run_name, names=[parent_name(self.run_name), *names.values()])
             parent_tags = {**tags, **sweep, "sweep.role": "parent", "paperlab.seeds": " ".join(map(str, self.seeds))}
             run = self._value(self.config, "run")
             if run.parent_run_id:
@@ -486,10 +476,11 @@ class PaperlabCLI(LightningCLI):
         else:
             self.earlier = f"earlier run '{instance_name(base, max(taken))}' is in MLflow (no files here)"
 
-    def _orphans_closed(self, base: str) -> list[Any]:
-        """The MLflow runs of ``base`` and its instances, after marking KILLED those left RUNNING by a process
-        that has ended (kill -9 before the first checkpoint: ``close_orphaned_runs``); says which."""
-        runs = mlflow_runs_named(default_tracking_uri(), self.experiment, base)
+    def _orphans_closed(self, base: str, names: list[str] | None = None) -> list[Any]:
+        """The MLflow runs of ``base`` and its instances (or of ``names``), after marking KILLED those left
+        RUNNING by a process that has ended (kill -9 before the first checkpoint: ``close_orphaned_runs``);
+        says which."""
+        runs = mlflow_runs_named(default_tracking_uri(), self.experiment, base, names=names)
         for run in close_orphaned_runs(default_tracking_uri(), runs):
             print(f"note: run '{run.info.run_name}' ({run.info.run_id}) was left RUNNING by a process that no longer "
                   "exists: marked KILLED", file=sys.stderr, flush=True)
@@ -531,19 +522,26 @@ class PaperlabCLI(LightningCLI):
         tags = dict(run.tags or {})
         if run.parent_run_id:
             tags["mlflow.parentRunId"] = run.parent_run_id
-        if self.overrides and subcommand == "fit":
-            tags["overrides"] = " ".join(f"--{k} {v}" for k, v in self.overrides)
-            tags["mlflow.note.content"] = "python main.py " + shlex.join(self.argv)
-        presets = trainer_presets(self.argv)
         if subcommand == "fit":
-            tags[PROCESS_TAG] = this_process()  # a kill -9 leaves the run RUNNING: the next command checks this
-        if presets and subcommand == "fit":
-            tags["trainer_preset"] = " ".join(presets)  # hardware: a tag (and the params), never the name
+            tags.update(self._fit_tags())
         ckpt = self.resolved_ckpt_path
         run_id = run_id_for_checkpoint(Path(ckpt), uri) if ckpt else None
         # validate/test/predict of a trained run log into it without ending it again (its duration stays)
         return PaperlabMLFlowLogger(experiment_name=self.experiment, run_name=self.run_name, tracking_uri=uri,
                                     tags=tags, run_id=run_id, keep_end_time=subcommand != "fit")
+
+    def _fit_tags(self) -> dict[str, str]:
+        """What a fit's run is tagged with beyond ``--run.tags``: the overrides and the command, the process,
+        the hardware preset (a seed-parallel fit's child runs get the same)."""
+        tags: dict[str, str] = {}
+        if self.overrides:
+            tags["overrides"] = " ".join(f"--{k} {v}" for k, v in self.overrides)
+            tags["mlflow.note.content"] = "python main.py " + shlex.join(self.argv)
+        tags[PROCESS_TAG] = this_process()  # a kill -9 leaves the run RUNNING: the next command checks this
+        presets = trainer_presets(self.argv)
+        if presets:
+            tags["trainer_preset"] = " ".join(presets)  # hardware: a tag (and the params), never the name
+        return tags
 
     # --- running a subcommand: Ctrl-C ends in a summary, not in Lightning's bare exit(1) -----------------------
     # LightningCLI runs ``self.<subcommand>`` when the CLI defines it (else ``trainer.<subcommand>``).

@@ -11,6 +11,12 @@ from lightning.pytorch.callbacks import Callback
 from errors import ConfigError
 
 
+def improves(value: float, best: float | None, mode: str) -> bool:
+    """Whether ``value`` is better than ``best`` (None: nothing yet) for a metric whose ``mode`` is ``max`` or
+    ``min`` (a seed-parallel fit keeps one best per seed with it)."""
+    return best is None or (value > best if mode == "max" else value < best)
+
+
 class BestMetric(Callback):
     """After every validation, log the best value so far of ``monitor`` as ``<monitor>_best``.
 
@@ -26,16 +32,11 @@ class BestMetric(Callback):
         self.mode = mode
         self.best: float | None = None
 
-    def _better(self, value: float) -> bool:
-        if self.best is None:
-            return True
-        return value > self.best if self.mode == "max" else value < self.best
-
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or self.monitor not in trainer.callback_metrics:
             return
         value = float(trainer.callback_metrics[self.monitor])
-        if math.isfinite(value) and self._better(value):
+        if math.isfinite(value) and improves(value, self.best, self.mode):
             self.best = value
         if self.best is not None and trainer.is_global_zero:
             for logger in trainer.loggers:

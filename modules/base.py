@@ -349,7 +349,6 @@ class PaperTask(LightningModule):
         concatenated inputs, or one per step where they do not concatenate (shapes that vary)."""
         pending, self._pending[stage] = self._pending[stage], {}
         self._pending_steps[stage] = 0
-        self._updated[stage] |= set(pending)
         for name, calls in pending.items():
             try:
                 merged = tuple(_merge([call[i] for call in calls]) for i in range(len(calls[0])))

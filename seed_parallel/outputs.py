@@ -16,7 +16,6 @@ loggers share one writer thread.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -29,11 +28,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
+from callbacks.best_metric import improves
 from callbacks.checkpoints import AtomicCheckpointIO
 from tracking.config_artifact import fit_params, run_tags
 from tracking.figures import log_artifact_bytes
 from tracking.mlflow_logger import PaperlabMLFlowLogger
-from tracking.run_registry import RUN_FILE
+from tracking.run_registry import write_run_record
 
 _SEEDED = re.compile(r"^s(-?\d+)/(.+)$")
 PARENT_ROLE = "parent"  # the value sweeps give the tag sweep.role of a sweep's parent run (compare skips those)
@@ -81,11 +81,7 @@ class SeedRunsLogger(PaperlabMLFlowLogger):
             child = self.children[seed]
             child.log_hyperparams({**params, "seed_everything": seed})  # creates the run, in seed order
             log_artifact_bytes(child, configs[seed], "config/config.yaml")
-            folder = folders[seed]
-            folder.mkdir(parents=True, exist_ok=True)
-            record = {"run_id": child.run_id, "experiment_name": child.experiment_name,
-                      "experiment_id": child.experiment_id, "tracking_uri": child.tracking_uri}
-            (folder / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
+            write_run_record(folders[seed], child)
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -150,10 +146,6 @@ class SeedOutputs(Callback):
         tags = {**self.tags, **run_tags(trainer, pl_module.tasks[0], "fit")}
         logger.open_children(self.names, tags, fit_params(self.configs[self.seeds[0]]), self.configs, self.folders)
 
-    def _better(self, seed: int, value: float) -> bool:
-        best = self.best.get(seed)
-        return best is None or (value > best if self.mode == "max" else value < best)
-
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return
@@ -163,10 +155,9 @@ class SeedOutputs(Callback):
             if key not in trainer.callback_metrics or seed in pl_module.failed:
                 continue
             value = float(trainer.callback_metrics[key])
-            if math.isfinite(value) and self._better(seed, value):
+            if math.isfinite(value) and improves(value, self.best.get(seed), self.mode):
                 self.best[seed] = value
-                state = {k: v.detach().clone() for k, v in task.state_dict().items()}
-                self.best_state[seed] = (trainer.current_epoch, trainer.global_step, state)
+                self.best_state[seed] = (trainer.current_epoch, trainer.global_step, _weights(task))
             if seed in self.best:
                 out[f"s{seed}/{self.monitor}_best"] = self.best[seed]
         if out and trainer.is_global_zero:
@@ -179,16 +170,8 @@ class SeedOutputs(Callback):
         logger = trainer.logger
         if isinstance(logger, SeedRunsLogger):
             logger.failed = set(pl_module.failed)
-        writes = []
-        for seed, task in zip(self.seeds, pl_module.tasks, strict=True):
-            if seed in pl_module.failed:
-                continue
-            state = {k: v.detach().clone() for k, v in task.state_dict().items()}
-            writes.append((self._checkpoint(task, trainer.current_epoch, trainer.global_step, state),
-                           self.folders[seed] / "last.ckpt"))
-            if seed in self.best_state:
-                epoch, step, best = self.best_state[seed]
-                writes.append((self._checkpoint(task, epoch, step, best), self.folders[seed] / f"best-epoch{epoch:03d}.ckpt"))
+        kept = [(seed, task) for seed, task in zip(self.seeds, pl_module.tasks, strict=True) if seed not in pl_module.failed]
+        writes = self._writes(trainer, kept, "last.ckpt")
         # 2K atomic writes, each ending in an fsync: a few threads wait for the disk together (the GIL is free
         # meanwhile); an error is raised here, the files already written stay complete
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix="paperlab-seed-ckpt") as pool:
@@ -200,14 +183,19 @@ class SeedOutputs(Callback):
         fit leaves them (``callbacks.guards.InterruptCheckpoint``); for evaluation, not for a resume."""
         if not isinstance(exception, KeyboardInterrupt) or not trainer.is_global_zero:
             return
-        for seed, task in zip(self.seeds, pl_module.tasks, strict=True):
-            state = {k: v.detach().clone() for k, v in task.state_dict().items()}
-            self.io.save_checkpoint(self._checkpoint(task, trainer.current_epoch, trainer.global_step, state),
-                                    self.folders[seed] / "interrupted.ckpt")
+        for ckpt, path in self._writes(trainer, list(zip(self.seeds, pl_module.tasks, strict=True)), "interrupted.ckpt"):
+            self.io.save_checkpoint(ckpt, path)
+
+    def _writes(self, trainer: L.Trainer, tasks: list[tuple[int, Any]], now: str) -> list[tuple[dict[str, Any], Path]]:
+        """Per seed: its current weights as ``now`` and its best epoch's as ``best-epoch<NNN>.ckpt``."""
+        writes = []
+        for seed, task in tasks:
+            writes.append((self._checkpoint(task, trainer.current_epoch, trainer.global_step, _weights(task)),
+                           self.folders[seed] / now))
             if seed in self.best_state:
                 epoch, step, best = self.best_state[seed]
-                self.io.save_checkpoint(self._checkpoint(task, epoch, step, best),
-                                        self.folders[seed] / f"best-epoch{epoch:03d}.ckpt")
+                writes.append((self._checkpoint(task, epoch, step, best), self.folders[seed] / f"best-epoch{epoch:03d}.ckpt"))
+        return writes
 
     @staticmethod
     def _checkpoint(task: Any, epoch: int, step: int, state: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -215,6 +203,11 @@ class SeedOutputs(Callback):
         return {"epoch": epoch, "global_step": step, "pytorch-lightning_version": L.__version__,
                 "state_dict": state, "hparams_name": "kwargs", "hyper_parameters": dict(task.hparams),
                 "paperlab_task_state": task.extra_state()}
+
+
+def _weights(task: Any) -> dict[str, torch.Tensor]:
+    """A copy of the task's current weights (its tensors are views of the stack, which the next step changes)."""
+    return {k: v.detach().clone() for k, v in task.state_dict().items()}
 
 
 def seed_summary(module: Any, outputs: SeedOutputs, logger: Any, metrics: Mapping[str, Any]) -> list[str]:

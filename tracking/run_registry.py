@@ -317,6 +317,18 @@ def archive_previous(directory: Path) -> Path | None:
     return dest
 
 
+def write_run_record(directory: Path, logger: PaperlabMLFlowLogger) -> None:
+    """``directory/mlflow_run.json``: the run id, experiment and tracking URI of ``logger``'s run."""
+    directory.mkdir(parents=True, exist_ok=True)
+    record = {
+        "run_id": logger.run_id,
+        "experiment_name": logger.experiment_name,
+        "experiment_id": logger.experiment_id,
+        "tracking_uri": logger.tracking_uri,
+    }
+    (directory / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
 class RunRegistry(Callback):
     """Writes ``mlflow_run.json`` (run id, experiment, tracking URI) into the checkpoint directory.
 
@@ -331,14 +343,6 @@ class RunRegistry(Callback):
         logger = mlflow_logger(trainer)
         if not isinstance(logger, PaperlabMLFlowLogger) or not trainer.is_global_zero:
             return
-        directory = Path(self.dirpath)
-        directory.mkdir(parents=True, exist_ok=True)
-        record = {
-            "run_id": logger.run_id,
-            "experiment_name": logger.experiment_name,
-            "experiment_id": logger.experiment_id,
-            "tracking_uri": logger.tracking_uri,
-        }
-        (directory / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        write_run_record(Path(self.dirpath), logger)
         if logger.run_id is not None and trainer.ckpt_path is not None:  # a resume: this process owns the run now
             logger.set_tags({PROCESS_TAG: this_process()})
