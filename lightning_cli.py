@@ -22,6 +22,7 @@ import secrets
 import shlex
 import sys
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,15 @@ class PaperlabProgressBar(RichProgressBar):
             self.progress.update(self.train_progress_bar_id, description=label)
 
 
+@dataclass
+class SeedRun:
+    """What ``--run.seed_runs`` gives one seed of a seed-parallel fit: its child run's name (and folder) and
+    the tags it gets beyond ``--run.tags`` (a sweep's ``sweep.point``, ``sweep.seed``, ``sweep.index``)."""
+
+    name: str
+    tags: dict[str, str] = field(default_factory=dict)
+
+
 def model_class(class_path: str) -> type:
     module_name, _, name = class_path.rpartition(".")
     return getattr(importlib.import_module(module_name), name)
@@ -248,6 +258,10 @@ class PaperlabCLI(LightningCLI):
         parser.add_argument("--run.seeds", type=list[int] | None, default=None,
                             help="fit these seeds in one process, parameters stacked over seeds (a vectorizable "
                             "task only): one MLflow child run '<run name> s<seed>' per seed under '<run name> seeds'")
+        parser.add_argument("--run.seed_runs", type=dict[int, SeedRun] | None, default=None,
+                            help="with --run.seeds: each seed's run name and extra tags; the seeds' runs then hang "
+                            "under --run.parent_run_id directly, with no '<run name> seeds' run (what a sweep's "
+                            "vectorize_seeds passes)")
         parser.add_argument("--run.num_threads", type=int | None, default=None,
                             help="torch intra-op CPU threads (1 is fastest for tiny models; default: torch's)")
         # typed as callbacks: with list[Diagnostic], jsonargparse 4.53 drops a subclass's dataclass defaults
@@ -312,7 +326,10 @@ class PaperlabCLI(LightningCLI):
         self.experiment_dir = Path(self._value(self.config, "run").checkpoint_root) / self.experiment
         self.earlier: str | None = None  # where an earlier run of this name left its files (the summary says)
         self.resolved_ckpt_path = None
-        if self.subcommand:
+        self.seeds = self._value(self.config, "run").seeds
+        if self.subcommand and self.seeds and self.subcommand != "fit":
+            pass  # each seed's run resolves its own checkpoint (``_evaluate_seeds``)
+        elif self.subcommand:
             ckpt_path = self._value(self.config, "ckpt_path")
             never = None
             if ckpt_path in ("last", "best"):
@@ -328,7 +345,11 @@ class PaperlabCLI(LightningCLI):
         # the run's seed, for the task and the data to read instead of the environment or torch's state: set
         # while they are built, since a linked size (input_shape, ...) may build the data during instantiation
         seed = self._value(self.config, "seed_everything")
-        self.seeds = self._value(self.config, "run").seeds
+        if self.seeds and (self.subcommand or "fit") != "fit":
+            # each seed's run is evaluated by a plain command of its own, and that is the whole command:
+            # LightningCLI has no hook that skips its subcommand, so the command ends here with its exit code
+            self._evaluate_seeds(str(self.subcommand))
+            raise SystemExit(0)
         try:
             if self.seeds:
                 self._instantiate_seeds(self.seeds)
@@ -346,12 +367,23 @@ class PaperlabCLI(LightningCLI):
             raise cause from None
 
     def _seed_config(self, seed: int) -> Any:
-        """The parsed config of the plain run of ``seed``: ``seed_everything: seed``, no ``run.seeds``."""
+        """The parsed config of the plain run of ``seed``: ``seed_everything: seed``, no ``run.seeds``; with
+        ``run.seed_runs``, the name and tags that plain run would have been given (a sweep's point)."""
         config = self.config.clone()
         prefix = f"{self.subcommand}." if self.subcommand else ""
         config[f"{prefix}seed_everything"] = seed
         config[f"{prefix}run.seeds"] = None
+        config[f"{prefix}run.seed_runs"] = None
+        own = self._seed_run(seed)
+        if own is not None:
+            config[f"{prefix}run.name"] = own.name
+            config[f"{prefix}run.tags"] = {**(config[f"{prefix}run.tags"] or {}), **own.tags}
         return config
+
+    def _seed_run(self, seed: int) -> Any:
+        """``--run.seed_runs``'s entry of ``seed`` (its ``name`` and ``tags``), or None without the option."""
+        seed_runs = self._value(self.config, "run").seed_runs
+        return seed_runs[seed] if seed_runs else None
 
     def _instantiate_seeds(self, seeds: list[int]) -> None:
         """A seed-parallel fit (``--run.seeds``): the task and the data built once per seed, exactly as the plain
@@ -360,13 +392,15 @@ class PaperlabCLI(LightningCLI):
 
         from seed_parallel.stack import SeedStack, SeedStackData
 
-        if (self.subcommand or "fit") != "fit":
-            raise ConfigError(f"--run.seeds works with fit only; evaluate each seed's run as a plain run: "
-                              f"python main.py {self.subcommand} --config ... --ckpt_path best "
-                              f"--run.name '{self.run_name} s<seed>'")
         if self.resolved_ckpt_path is not None:
             raise ConfigError("a seed-parallel fit does not resume (--ckpt_path with --run.seeds); run the fit "
                               "again, or resume one seed as a plain run")
+        seed_runs = self._value(self.config, "run").seed_runs
+        if seed_runs is not None and set(seed_runs) != set(seeds):
+            raise ConfigError(f"--run.seed_runs names seeds {sorted(seed_runs)}, --run.seeds lists {sorted(seeds)}: "
+                              "give every seed of --run.seeds one entry")
+        if seed_runs is not None and not self._value(self.config, "run").parent_run_id:
+            raise ConfigError("--run.seed_runs hangs the seeds' runs under --run.parent_run_id: give that run's id")
         tasks, datamodules, states = [], [], []
         self.seed_configs: dict[int, str] = {}
         for s in seeds:
@@ -379,7 +413,9 @@ class PaperlabCLI(LightningCLI):
             datamodules.append(self._get(init, "data"))
             if s == seeds[0]:
                 self.config_init = init
-                # dumped once (it costs about 0.1 s): the seeds' configs differ in this one line only
+            if s == seeds[0] or seed_runs is not None:
+                # dumped once (it costs about 0.1 s) when the seeds' configs differ in the seed line only; with
+                # --run.seed_runs their names and tags differ too
                 dumped = self._parser(self.subcommand).dump(config.get(str(self.subcommand), config), skip_none=False)
                 if len(re.findall(r"^seed_everything: .*$", dumped, re.M)) != 1:
                     raise RuntimeError("the dumped config has no single top-level seed_everything line")
@@ -400,28 +436,40 @@ class PaperlabCLI(LightningCLI):
             names = ", ".join(sorted({type(c).__name__ for c in user}))
             raise refusal(f"callbacks and diagnostics ({names}) watch one model, not a stack of seeds; drop them "
                           "with --trainer.callbacks=[] (and no --diagnostics)")
-        names = {s: child_name(self.run_name, s) for s in self.seeds}
+        run = self._value(self.config, "run")
+        names = {s: self._seed_run(s).name if run.seed_runs else child_name(self.run_name, s) for s in self.seeds}
         folders = {s: self._folder(names[s]) for s in self.seeds}
         for folder in folders.values():
             archive_previous(folder)  # a fit of a taken name: the earlier files move aside, as with --run.name
             check_checkpoint_folder(folder)
         self.ckpt_dir = self._folder(parent_name(self.run_name))
-        tags = {**(self._value(self.config, "run").tags or {}), **self._fit_tags()}
-        sweep = {"sweep.name": parent_name(self.run_name)}
+        tags = {**(run.tags or {}), **self._fit_tags()}
+        # each seed's tags: a sweep's own (--run.seed_runs), else this fit's group, read as a sweep by compare
+        group = {} if run.seed_runs else {"sweep.name": parent_name(self.run_name)}
+        seed_tags = {s: {**tags, **group, **(self._seed_run(s).tags if run.seed_runs else {})} for s in self.seeds}
         logged = trainer_config.get("logger") in (None, True)
         if logged:
             check_tracking_server(default_tracking_uri())
             # runs of these names left RUNNING by a process that has ended (kill -9): marked KILLED, as a plain
             # fit does for its name (one query for all of them)
-            self._orphans_closed(self.run_name, names=[parent_name(self.run_name), *names.values()])
-            parent_tags = {**tags, **sweep, "sweep.role": "parent", "paperlab.seeds": " ".join(map(str, self.seeds))}
-            run = self._value(self.config, "run")
-            if run.parent_run_id:
-                parent_tags["mlflow.parentRunId"] = run.parent_run_id
-            kwargs["logger"] = SeedRunsLogger(self.seeds, experiment_name=self.experiment,
-                                              run_name=parent_name(self.run_name),
-                                              tracking_uri=default_tracking_uri(), tags=parent_tags)
-        outputs = SeedOutputs(self.seeds, names, folders, self.seed_configs, {**tags, **sweep},
+            own = [] if run.seed_runs else [parent_name(self.run_name)]
+            self._orphans_closed(self.run_name, names=[*own, *names.values()])
+            if run.seed_runs:
+                # the seeds' runs go under the given run (a sweep's parent), which this fit neither ends nor
+                # gives params: its config and params are the sweep's business
+                kwargs["logger"] = SeedRunsLogger(self.seeds, experiment_name=self.experiment,
+                                                  tracking_uri=default_tracking_uri(), run_id=run.parent_run_id,
+                                                  keep_end_time=True)
+                self.save_config_callback = None
+            else:
+                parent_tags = {**tags, **group, "sweep.role": "parent",
+                               "paperlab.seeds": " ".join(map(str, self.seeds))}
+                if run.parent_run_id:
+                    parent_tags["mlflow.parentRunId"] = run.parent_run_id
+                kwargs["logger"] = SeedRunsLogger(self.seeds, experiment_name=self.experiment,
+                                                  run_name=parent_name(self.run_name),
+                                                  tracking_uri=default_tracking_uri(), tags=parent_tags)
+        outputs = SeedOutputs(self.seeds, names, folders, self.seed_configs, seed_tags,
                               self.model.monitor, self.model.monitor_mode)
         self.seed_outputs = outputs
         callbacks: list[Callback] = [outputs]
@@ -567,6 +615,27 @@ class PaperlabCLI(LightningCLI):
                 raise
             self._summary(subcommand, interrupted=True)
             raise SystemExit(INTERRUPTED_EXIT_CODE) from None
+
+    def _evaluate_seeds(self, subcommand: str) -> None:
+        """``validate``/``test``/``predict`` with ``--run.seeds``: each seed's run (``<run name> s<seed>``, what a
+        seed-parallel fit of this command line named it) evaluated by its plain command, one after another in
+        this process: an evaluation is one pass over the data, nothing a stack would speed up. Each prints
+        its summary; the exit code is the first failure's (130 at a Ctrl-C, which stops the rest)."""
+        from cli_messages import run_training
+        from seed_parallel.outputs import child_name
+
+        argv = [*without_option(self.argv, "run.seeds"), "--run.seeds", "null"]  # also over a config's run.seeds
+        failed: list[tuple[int, int]] = []
+        for seed in self.seeds:
+            rc = run_training([*argv, "--seed_everything", str(seed), "--run.name", child_name(self.run_name, seed)])
+            if rc == INTERRUPTED_EXIT_CODE:
+                raise SystemExit(rc)
+            if rc != 0:
+                failed.append((seed, rc))
+        if failed:
+            print(f"error: {subcommand} failed for seed(s) {', '.join(str(s) for s, _ in failed)} of "
+                  f"{len(self.seeds)}; their lines above say why", file=sys.stderr)
+            raise SystemExit(failed[0][1])
 
     # --- what the user sees at the end -----------------------------------------------------------------------
     def after_fit(self) -> None:

@@ -36,6 +36,7 @@ from tracking.mlflow_logger import PaperlabMLFlowLogger
 from tracking.run_registry import write_run_record
 
 _SEEDED = re.compile(r"^s(-?\d+)/(.+)$")
+_SEED_LINE = re.compile(r"^seed_everything: .*$", re.M)
 PARENT_ROLE = "parent"  # the value sweeps give the tag sweep.role of a sweep's parent run (compare skips those)
 
 
@@ -52,19 +53,23 @@ class SeedRunsLogger(PaperlabMLFlowLogger):
 
     Args:
         seeds: the seeds, each with a child run (created by ``open_children``).
-        kwargs: ``PaperlabMLFlowLogger``'s, for the parent run.
+        kwargs: ``PaperlabMLFlowLogger``'s, for the parent run. With ``run_id`` the parent is a run of someone
+            else's (a sweep's parent, ``--run.seed_runs``): the children hang under it and nothing else of this
+            fit is logged into it (pass ``keep_end_time=True`` too: its status stays its owner's).
     """
 
     def __init__(self, seeds: Sequence[int], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.seeds = [int(s) for s in seeds]
+        self.shares_parent = kwargs.get("run_id") is not None
         self.children: dict[int, PaperlabMLFlowLogger] = {}
         self.failed: set[int] = set()
         self._shared = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paperlab-mlflow-seeds")
         self._opened: Future | None = None
 
-    def open_children(self, names: Mapping[int, str], tags: Mapping[str, Any], params: Mapping[str, Any],
-                      configs: Mapping[int, str], folders: Mapping[int, Path]) -> None:
+    def open_children(self, names: Mapping[int, str], tags: Mapping[int, Mapping[str, Any]],
+                      params: Mapping[int, Mapping[str, Any]], configs: Mapping[int, str],
+                      folders: Mapping[int, Path]) -> None:
         """One child run per seed under this run, with its params, tags and config, and its folder's run
         record. On the shared writer thread: K runs cost K times a run's start-up commits (about 0.1 s each
         on sqlite), which overlap the first training steps instead of delaying them; the children's metrics
@@ -73,13 +78,13 @@ class SeedRunsLogger(PaperlabMLFlowLogger):
         for seed in self.seeds:
             self.children[seed] = PaperlabMLFlowLogger(
                 experiment_name=self.experiment_name, run_name=names[seed], tracking_uri=self.tracking_uri,
-                tags={**tags, "mlflow.parentRunId": parent}, flush_every_s=self.flush_every_s, writer=self._shared)
+                tags={**tags[seed], "mlflow.parentRunId": parent}, flush_every_s=self.flush_every_s, writer=self._shared)
         self._opened = self._shared.submit(self._open, dict(params), dict(configs), dict(folders))
 
-    def _open(self, params: dict[str, Any], configs: dict[int, str], folders: dict[int, Path]) -> None:
+    def _open(self, params: dict[int, Mapping[str, Any]], configs: dict[int, str], folders: dict[int, Path]) -> None:
         for seed in self.seeds:
             child = self.children[seed]
-            child.log_hyperparams({**params, "seed_everything": seed})  # creates the run, in seed order
+            child.log_hyperparams({**params[seed], "seed_everything": seed})  # creates the run, in seed order
             log_artifact_bytes(child, configs[seed], "config/config.yaml")
             write_run_record(folders[seed], child)
 
@@ -100,7 +105,7 @@ class SeedRunsLogger(PaperlabMLFlowLogger):
         for seed, values in routed.items():
             if values and not (set(values) <= {"epoch"}):
                 self.children[seed].log_metrics(values, step)
-        if own and not (set(own) <= {"epoch"}):
+        if own and not (set(own) <= {"epoch"}) and not self.shares_parent:
             super().log_metrics(own, step)
 
     @rank_zero_only
@@ -124,15 +129,15 @@ class SeedOutputs(Callback):
         names: child run name per seed.
         folders: checkpoint folder per seed.
         configs: the dumped config (YAML) of the plain run of each seed.
-        tags: tags every child gets (the parent's command-line tags and the sweep tags).
+        tags: each seed's child run's tags (the command line's, the group's or the sweep's).
         monitor, mode: the task's monitored metric and its direction.
     """
 
     def __init__(self, seeds: Sequence[int], names: Mapping[int, str], folders: Mapping[int, Path],
-                 configs: Mapping[int, str], tags: Mapping[str, Any], monitor: str, mode: str) -> None:
+                 configs: Mapping[int, str], tags: Mapping[int, Mapping[str, Any]], monitor: str, mode: str) -> None:
         self.seeds = [int(s) for s in seeds]
         self.names, self.folders, self.configs = dict(names), dict(folders), dict(configs)
-        self.tags = dict(tags)
+        self.tags = {int(s): dict(t) for s, t in tags.items()}
         self.monitor, self.mode = monitor, mode
         self.best: dict[int, float] = {}
         self.best_state: dict[int, tuple[int, int, dict[str, torch.Tensor]]] = {}
@@ -143,8 +148,18 @@ class SeedOutputs(Callback):
         if not isinstance(logger, SeedRunsLogger) or not trainer.is_global_zero:
             return
         # the same for every seed (the task's class, the data, the hardware, the commit): read once
-        tags = {**self.tags, **run_tags(trainer, pl_module.tasks[0], "fit")}
-        logger.open_children(self.names, tags, fit_params(self.configs[self.seeds[0]]), self.configs, self.folders)
+        common = run_tags(trainer, pl_module.tasks[0], "fit")
+        tags = {s: {**self.tags[s], **common} for s in self.seeds}
+        logger.open_children(self.names, tags, self._params(), self.configs, self.folders)
+
+    def _params(self) -> dict[int, dict[str, Any]]:
+        """Each seed's params, parsed from its config once when the configs differ in their seed line only
+        (a parse costs tens of milliseconds; a sweep's seeds differ in their tags too)."""
+        bare = {s: _SEED_LINE.sub("", text) for s, text in self.configs.items()}
+        if len(set(bare.values())) == 1:
+            shared = fit_params(self.configs[self.seeds[0]])
+            return {s: shared for s in self.seeds}
+        return {s: fit_params(self.configs[s]) for s in self.seeds}
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:

@@ -43,6 +43,12 @@ def sweep_parser() -> argparse.ArgumentParser:
         help="list the points (and their state) and the commands; run nothing",
     )
     p.add_argument(
+        "--vectorize-seeds",
+        action="store_true",
+        help="train each point's seeds in one process, stacked over seeds (the sweep file's vectorize_seeds: "
+        "true; a vectorizable task only, docs/sweeps.md)",
+    )
+    p.add_argument(
         "--point",
         type=int,
         action="append",
@@ -179,6 +185,7 @@ def build_plan(args: argparse.Namespace):
     from tracking.uri import default_tracking_uri
 
     spec = load_sweep(args.config)
+    spec.vectorize_seeds = spec.vectorize_seeds or args.vectorize_seeds
     resolved = canonicalize(spec)  # model.lr -> model.init_args.lr, before the points are named
     points = expand(spec)
     validate(spec, points, resolved)
@@ -248,6 +255,9 @@ def _run_sweep(args: argparse.Namespace, pool, argv: list[str]) -> int:
     only = sorted(set(args.point)) if args.point else None
     if only and not all(0 <= i < n for i in only):
         raise SweepError(f"--point must lie in 0..{n - 1} for this sweep of {n} point(s), got {only}")
+    if plan.spec.vectorize_seeds and args.nodes * args.devices_per_node > 1:
+        raise SweepError("vectorize_seeds trains a point's seeds in one process, which does not run over several "
+                         "processes (DDP): drop vectorize_seeds, or run each point on one device")
     if args.nodes > 1 and args.launcher == "local" and not args.exec_prefix:
         raise SweepError(
             "a point on several nodes needs a cluster launcher: --launcher slurm or --launcher torchrun"
@@ -305,7 +315,7 @@ def _run_sweep(args: argparse.Namespace, pool, argv: list[str]) -> int:
         + f"; parent run {runner.parent_id}"
     )
     for o in failed:
-        print(f"  FAILED {o.point.run_name}: {o.message}; log: {plan.log_dir / (o.point.run_name + '.log')}")
+        print(f"  FAILED {o.point.run_name}: {o.message}; log: {plan.log_file(o.point)}")
     print(last_line(plan, runner.client))
     if killed:
         return EXIT_INTERRUPTED
@@ -328,15 +338,22 @@ def _print_commands(args: argparse.Namespace, plan, parent_id: str, only: list[i
         print(f"\n# {path} (not written: --dry-run)")
         print(_slurm_text(args, plan))
         return
-    print("\n# commands, one point after the other:")
-    for p in points:
-        steps = [plan.fit_args(p, parent_id)] + ([plan.test_args(p)] if plan.spec.test else [])
+    print("\n# commands, one point after the other" + (" (a point's seeds in one fit: vectorize_seeds)"
+                                                        if plan.spec.vectorize_seeds else "") + ":")
+    for job in plan.jobs(points):
+        p = job[0]
+        if plan.spec.vectorize_seeds:
+            steps = [plan.seeds_fit_args(job, parent_id)] + ([plan.test_args(q) for q in job] if plan.spec.test else [])
+            label = f"{plan.group_name(p)} (points {', '.join(str(q.index) for q in job)})"
+        else:
+            steps = [plan.fit_args(p, parent_id)] + ([plan.test_args(p)] if plan.spec.test else [])
+            label = p.run_name
         if args.launcher == "torchrun":
             lines = launchers.torchrun_commands(steps, args.nodes, args.devices_per_node)
         else:
             prefix = (args.exec_prefix + " ") if args.exec_prefix else ""
             lines = [f"{prefix}python main.py {shlex.join(s)}" for s in steps]
-        print(f"# point {p.index}: {p.run_name}")
+        print(f"# point {p.index}: {label}" if not plan.spec.vectorize_seeds else f"# {label}")
         print("\n".join(lines))
     if args.launcher == "torchrun" and args.nodes > 1:
         print(

@@ -79,19 +79,14 @@ class SweepPlan:
             "sweep.index": str(point.index),
         }
 
-    def _common(self, point: Point) -> list[str]:
+    def _common(self, point: Point, name: str | None = None, seeded: bool = True) -> list[str]:
+        """The config, the point's overrides (``--run.tags`` apart), its seed and its run name."""
         overrides = {k: v for k, v in point.overrides.items() if k != "run.tags"}
         args = Point(point.index, point.label, point.values, overrides, point.seed, point.run_name).cli_args()
-        return [
-            "--config",
-            str(self.spec.base),
-            *args,
-            *self.extra_args,
-            "--run.name",
-            point.run_name,
-            "--run.experiment",
-            self.experiment,
-        ]
+        if not seeded:
+            args = args[:-2]  # cli_args ends with --seed_everything <seed>
+        return ["--config", str(self.spec.base), *args, *self.extra_args, "--run.name", name or point.run_name,
+                "--run.experiment", self.experiment]
 
     def fit_args(self, point: Point, parent_id: str) -> list[str]:
         return [
@@ -105,6 +100,35 @@ class SweepPlan:
 
     def test_args(self, point: Point) -> list[str]:
         return ["test", *self._common(point), "--ckpt_path", "best"]
+
+    def jobs(self, points: list[Point]) -> list[list[Point]]:
+        """The processes that run ``points``: one fit per point, or with ``vectorize_seeds`` one fit per swept
+        value holding its seeds (in the order of ``points``)."""
+        if not self.spec.vectorize_seeds:
+            return [[p] for p in points]
+        groups: dict[str, list[Point]] = {}
+        for p in points:
+            groups.setdefault(p.label, []).append(p)
+        return list(groups.values())
+
+    @staticmethod
+    def group_name(point: Point) -> str:
+        """The name of the seed-parallel fit of a point's seeds: its run names without ``-s<seed>``."""
+        return point.run_name.removesuffix(f"-s{point.seed}")
+
+    def log_file(self, point: Point) -> Path:
+        """Where the commands of ``point`` write their output (one file per seed-parallel fit)."""
+        return self.log_dir / f"{self.group_name(point) if self.spec.vectorize_seeds else point.run_name}.log"
+
+    def seeds_fit_args(self, points: list[Point], parent_id: str) -> list[str]:
+        """One ``fit --run.seeds`` of the seeds of one swept value, each seed's run named and tagged as the
+        plain fit of that point would be (``--run.seed_runs``), directly under the sweep's parent run."""
+        first = points[0]
+        config = self._common(first, name=self.group_name(first), seeded=False)
+        runs = {str(p.seed): {"name": p.run_name, "tags": self.child_tags(p)} for p in points}
+        user = {str(k): str(v) for k, v in (first.overrides.get("run.tags") or {}).items()}
+        return ["fit", *config, "--run.seeds", json.dumps([p.seed for p in points]), "--run.seed_runs",
+                json.dumps(runs), "--run.parent_run_id", parent_id, "--run.tags", json.dumps(user)]
 
 
 @dataclass
@@ -553,33 +577,37 @@ class SweepRunner:
             f"parent run {self.parent_id}, logs in {plan.log_dir}/"
         )
         outcomes: list[Outcome] = []
-        running: dict[Future, Point] = {}
+        running: dict[Future, list[Point]] = {}
         interrupted = False
         restore = _sigterm_as_interrupt()
         pool = ThreadPoolExecutor(max_workers=self.workers) if self.workers > 1 else None
+        jobs = plan.jobs(todo)
         try:
             if pool is None:  # in the main thread: Lightning's own signal handling stays intact
-                for point in todo:
-                    running = {Future(): point}
-                    outcomes.append(self._run_point(point, existing.get(point.run_name, [])))
-                    self._report(outcomes[-1], len(outcomes), len(todo))
+                for job in jobs:
+                    running = {Future(): job}
+                    for outcome in self._run_job(job, existing):
+                        outcomes.append(outcome)
+                        self._report(outcome, len(outcomes), len(todo))
                 running = {}
             else:
-                pending = list(todo)
+                pending = list(jobs)
                 while pending or running:
                     while pending and len(running) < self.workers:
-                        point = pending.pop(0)
-                        running[pool.submit(self._run_point, point, existing.get(point.run_name, []))] = point
+                        job = pending.pop(0)
+                        running[pool.submit(self._run_job, job, existing)] = job
                     finished, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
                     for fut in finished:
                         running.pop(fut)
-                        outcomes.append(fut.result())
-                        self._report(outcomes[-1], len(outcomes), len(todo))
+                        for outcome in fut.result():
+                            outcomes.append(outcome)
+                            self._report(outcome, len(outcomes), len(todo))
         except KeyboardInterrupt:
             interrupted = True
             self.echo("interrupted: stopping the running points (run the same command again to resume)")
             self.executor.stop_all()
-            for point in running.values():
+            done = {o.point.run_name for o in outcomes}
+            for point in (p for job in running.values() for p in job if p.run_name not in done):
                 outcomes.append(Outcome(point, "KILLED", message="interrupted"))
                 self._close_interrupted(point)
         finally:
@@ -603,6 +631,61 @@ class SweepRunner:
         msg = f": {outcome.message}" if outcome.message and outcome.status != "SKIPPED" else ""
         self.echo(f"[{i}/{n}] {outcome.status:8s} {outcome.point.run_name}{extra}{msg}")
 
+    def _run_job(self, job: list[Point], existing: dict[str, list[Any]]) -> list[Outcome]:
+        if self.plan.spec.vectorize_seeds:
+            return self._run_seeds(job, existing)
+        return [self._run_point(point, existing.get(point.run_name, [])) for point in job]
+
+    def _run_seeds(self, points: list[Point], existing: dict[str, list[Any]]) -> list[Outcome]:
+        """The seeds of one swept value (``vectorize_seeds``): those not fitted yet as one seed-parallel fit
+        (a killed point is fitted again from scratch: a seed-parallel fit does not resume), then each seed's
+        test as a plain ``test --ckpt_path best``. Each seed keeps its own outcome: a seed whose loss became
+        NaN ends FAILED and the others go on."""
+        plan = self.plan
+        outcomes: dict[str, Outcome] = {}
+        states: dict[str, tuple[str, Any]] = {}
+        for point in points:
+            previous = existing.get(point.run_name, [])
+            state, run = states[point.run_name] = point_state(previous, plan.spec.test)
+            if run is not None and DONE_TAG not in run.data.tags:  # a finished fit the killed sweep did not tag
+                self.client.set_tag(run.info.run_id, DONE_TAG, "fit")
+            if state == "done":
+                outcomes[point.run_name] = Outcome(point, "SKIPPED", run_id=run.info.run_id)
+            for old in previous:
+                if state == "todo" and old.info.status == "RUNNING":
+                    self.client.set_terminated(old.info.run_id, "KILLED")
+        t0 = time.time()
+        log_file = plan.log_file(points[0])
+        fit = [p for p in points if states[p.run_name][0] == "todo"]
+        run_ids = {p.run_name: states[p.run_name][1].info.run_id for p in points
+                   if states[p.run_name][0] == "needs_test"}
+        if fit:
+            rc = self.executor(plan.seeds_fit_args(fit, self.parent_id), log_file)
+            for point in fit:
+                run_id = self._child_run_id(point, t0)
+                status = self.client.get_run(run_id).info.status if run_id is not None else None
+                if rc == 0 and status == "FINISHED":
+                    self.client.set_tag(run_id, DONE_TAG, "fit")
+                    run_ids[point.run_name] = run_id
+                    continue
+                why = f"fit exited with code {rc}" if rc != 0 else f"the seed's fit ended {status or 'without a run'}"
+                run_id = self._mark_failed(point, run_id, t0, log_file, why)
+                outcomes[point.run_name] = Outcome(point, "FAILED", run_id, time.time() - t0, why)
+        for point in points:
+            run_id = run_ids.get(point.run_name)
+            if run_id is None:
+                continue
+            if plan.spec.test:
+                rc = self.executor(plan.test_args(point), log_file)
+                if rc != 0:
+                    why = f"test exited with code {rc}"
+                    run_id = self._mark_failed(point, run_id, t0, log_file, why)
+                    outcomes[point.run_name] = Outcome(point, "FAILED", run_id, time.time() - t0, why)
+                    continue
+                self.client.set_tag(run_id, DONE_TAG, "test")
+            outcomes[point.run_name] = Outcome(point, "FINISHED", run_id, time.time() - t0, self._headline(run_id))
+        return [outcomes[p.run_name] for p in points]
+
     def _run_point(self, point: Point, previous: list[Any]) -> Outcome:
         plan = self.plan
         state, run = point_state(previous, plan.spec.test)
@@ -617,7 +700,7 @@ class SweepRunner:
             if old.info.status == "RUNNING":
                 self.client.set_terminated(old.info.run_id, "KILLED")
         t0 = time.time()
-        log_file = plan.log_dir / f"{point.run_name}.log"
+        log_file = plan.log_file(point)
         steps: list[tuple[str, list[str]]] = []
         if state == "todo":
             steps.append(("fit", plan.fit_args(point, self.parent_id) + (["--ckpt_path", "last"] if resume else [])))

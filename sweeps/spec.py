@@ -10,6 +10,7 @@ A sweep file (documented in ``docs/sweeps.md``)::
       - {model.init_args.hidden: [128]}
     overrides: {trainer.max_epochs: 10}      # applied to every point (a point's own value wins)
     seeds: [0, 1, 2]                         # seed_everything of each point (default: the base's seed)
+    vectorize_seeds: false                   # true: a point's seeds train in one process (--run.seeds)
     test: true                               # test --ckpt_path best after each fit
     description: free text                   # shown as the parent run's description in MLflow
 
@@ -34,7 +35,7 @@ from cli_messages import config_keys, suggest_key
 from errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
-TOP_LEVEL_KEYS = ("name", "base", "grid", "points", "overrides", "seeds", "test", "description")
+TOP_LEVEL_KEYS = ("name", "base", "grid", "points", "overrides", "seeds", "vectorize_seeds", "test", "description")
 # Keys the sweep sets itself; a sweep file that sets them would silently break resumability or grouping.
 RESERVED_KEYS = {
     "seed_everything": "list the seeds in the sweep's `seeds:` entry instead",
@@ -43,6 +44,8 @@ RESERVED_KEYS = {
     "config": "put the base config in `base:`",
     "ckpt_path": "a sweep trains every point from scratch",
     "print_config": "use `python main.py sweep --dry-run`",
+    "run.seeds": "list the seeds in `seeds:`, and set `vectorize_seeds: true` to train a point's seeds in one process",
+    "run.seed_runs": "`vectorize_seeds: true` names each seed's run itself",
 }
 MAX_RUN_NAME = 120
 
@@ -124,6 +127,7 @@ class SweepSpec:
     points: list[dict[str, Any]] = field(default_factory=list)
     overrides: dict[str, Any] = field(default_factory=dict)
     seeds: list[int] = field(default_factory=lambda: [0])
+    vectorize_seeds: bool = False
     test: bool = False
     description: str = ""
     path: Path | None = None
@@ -212,6 +216,9 @@ def parse_sweep(data: Any, path: Path | None = None, text: str = "") -> SweepSpe
     test = data.get("test", False)
     if not isinstance(test, bool):
         raise SweepError(f"{where}: `test:` must be true or false, got {test!r}")
+    vectorize = data.get("vectorize_seeds", False)
+    if not isinstance(vectorize, bool):
+        raise SweepError(f"{where}: `vectorize_seeds:` must be true or false, got {vectorize!r}")
 
     spec = SweepSpec(
         name=name,
@@ -220,6 +227,7 @@ def parse_sweep(data: Any, path: Path | None = None, text: str = "") -> SweepSpe
         points=points,
         overrides=overrides,
         seeds=list(seeds_raw),
+        vectorize_seeds=vectorize,
         test=test,
         description=str(data.get("description") or ""),
         path=path,
@@ -455,10 +463,37 @@ def validate(spec: SweepSpec, points: list[Point], resolved: dict[str, Any] | No
         checked.add(sig)
         args = [a for k, v in trial.items() for a in (f"--{k}", cli_value(v))]
         try:
-            print_config(spec.base, args)
+            trial_config = print_config(spec.base, args)
         except SweepError as err:
             raise SweepError(f"the base config refuses {canonical(trial)}: {err}") from None
+        why = spec.vectorize_seeds and not_vectorizable(trial_config)
+        if why:
+            where = "the base config" if not trial else f"the point {canonical(trial)}"
+            raise SweepError(f"vectorize_seeds: {where} cannot train its seeds in one process: {why}; drop "
+                             "vectorize_seeds (or --vectorize-seeds) to run them one after another")
     return resolved
+
+
+def not_vectorizable(resolved: dict[str, Any]) -> str | None:
+    """Why a point of this resolved config cannot run its seeds as one seed-parallel fit (``--run.seeds``),
+    or None: the checks ``seed_parallel`` makes at the start of such a fit that a config alone decides."""
+    import importlib
+
+    class_path = str((resolved.get("model") or {}).get("class_path", ""))
+    module_name, _, cls_name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError, ValueError):
+        return f"its model class {class_path!r} cannot be imported"
+    if not getattr(cls, "vectorizable", False):
+        return f"{cls_name} is not vectorizable (docs/design.md, 'Seed-parallel runs')"
+    watchers = [*((resolved.get("trainer") or {}).get("callbacks") or []), *(resolved.get("diagnostics") or [])]
+    if watchers:
+        names = ", ".join(sorted({str(c.get("class_path", c)).rsplit(".", 1)[-1] if isinstance(c, dict) else str(c)
+                                  for c in watchers}))
+        return (f"its callbacks and diagnostics ({names}) watch one model, not a stack of seeds (override "
+                "trainer.callbacks: [] and diagnostics: null)")
+    return None
 
 
 def experiment_of(resolved: dict[str, Any], overrides: dict[str, Any]) -> str:

@@ -185,8 +185,28 @@ def test_seeds_with_a_diagnostic_or_another_command_are_refused(paperlab_tmp: Pa
     config = str(REPO / "configs/weight_drift/random_mlp_relu.yaml")
     assert run_training(["fit", "--config", config, "--run.seeds", "[0,1]"]) == 2
     assert "WeightDrift" in capsys.readouterr().err
-    assert run_training(["test", "--config", config, "--run.seeds", "[0,1]", "--trainer.callbacks=[]"]) == 2
-    assert "fit only" in capsys.readouterr().err
+
+
+def test_test_and_predict_with_seeds_evaluate_each_seeds_run(paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
+    tiny = ["--config", str(REPO / "configs/mlp_classifier/yinyang.yaml"), "--trainer.max_epochs", "1",
+            "--trainer.limit_train_batches", "2", "--trainer.limit_test_batches", "2", "--data.train_size", "200",
+            "--data.val_size", "100", "--data.test_size", "100", "--run.name", "ev"]
+    assert run_training(["fit", *tiny, "--run.seeds", "[0,1]"]) == 0
+    assert run_training(["test", *tiny, "--run.seeds", "[0,1]", "--ckpt_path", "best"]) == 0
+    assert run_training(["predict", *tiny, "--run.seeds", "[1]", "--ckpt_path", "last"]) == 0
+    out = capsys.readouterr().out
+    assert "paperlab test finished: mlp_classifier / ev s0" in out and "ev s1" in out
+    runs = {r.info.run_name: r for r in client().search_runs(
+        [client().get_experiment_by_name("mlp_classifier").experiment_id])}
+    assert set(runs) == {"ev seeds", "ev s0", "ev s1"}  # the tests logged into the seeds' runs, none of their own
+    assert all("test/acc" in runs[f"ev s{s}"].data.metrics for s in (0, 1))
+    folders = paperlab_tmp / "checkpoints/mlp_classifier"
+    assert (folders / "ev_s1/predictions.pt").is_file() and not (folders / "ev_s0/predictions.pt").exists()
+    # a seed without a run of its own fails in one line naming it; the other seeds are evaluated all the same
+    assert run_training(["validate", *tiny, "--run.seeds", "[0,7]", "--ckpt_path", "best"]) != 0
+    captured = capsys.readouterr()
+    assert "paperlab validate finished: mlp_classifier / ev s0" in captured.out
+    assert "validate failed for seed(s) 7 of 2" in captured.err
 
 
 # --- through the CLI: the child runs are the plain runs ------------------------------------------------------
