@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import math
 import os
 import re
 import secrets
@@ -329,6 +330,14 @@ class PaperlabCLI(LightningCLI):
         self.seeds = self._value(self.config, "run").seeds
         if self.subcommand and self.seeds and self.subcommand != "fit":
             pass  # each seed's run resolves its own checkpoint (``_evaluate_seeds``)
+        elif self.subcommand and self.seeds:
+            # a seed-parallel fit resumes from the stack's own last.ckpt, in the folder of '<run name> seeds'
+            ckpt_path = self._value(self.config, "ckpt_path")
+            if ckpt_path == "best":
+                raise ConfigError("a seed-parallel fit resumes from last (--ckpt_path last); each seed's best "
+                                  f"checkpoint is for evaluation: test --run.seeds {self.seeds} --ckpt_path best")
+            self.resolved_ckpt_path = resolve_checkpoint(ckpt_path, self._seed_group_folder())
+            self.config[f"{self.subcommand}.ckpt_path"] = self.resolved_ckpt_path
         elif self.subcommand:
             ckpt_path = self._value(self.config, "ckpt_path")
             never = None
@@ -392,9 +401,6 @@ class PaperlabCLI(LightningCLI):
 
         from seed_parallel.stack import SeedStack, SeedStackData
 
-        if self.resolved_ckpt_path is not None:
-            raise ConfigError("a seed-parallel fit does not resume (--ckpt_path with --run.seeds); run the fit "
-                              "again, or resume one seed as a plain run")
         seed_runs = self._value(self.config, "run").seed_runs
         if seed_runs is not None and set(seed_runs) != set(seeds):
             raise ConfigError(f"--run.seed_runs names seeds {sorted(seed_runs)}, --run.seeds lists {sorted(seeds)}: "
@@ -439,10 +445,12 @@ class PaperlabCLI(LightningCLI):
         run = self._value(self.config, "run")
         names = {s: self._seed_run(s).name if run.seed_runs else child_name(self.run_name, s) for s in self.seeds}
         folders = {s: self._folder(names[s]) for s in self.seeds}
-        for folder in folders.values():
-            archive_previous(folder)  # a fit of a taken name: the earlier files move aside, as with --run.name
-            check_checkpoint_folder(folder)
-        self.ckpt_dir = self._folder(parent_name(self.run_name))
+        self.ckpt_dir = self._seed_group_folder()
+        resumed = self.resolved_ckpt_path is not None
+        if not resumed:
+            for folder in [self.ckpt_dir, *folders.values()]:
+                archive_previous(folder)  # a fit of a taken name: the earlier files move aside, as with --run.name
+                check_checkpoint_folder(folder)
         tags = {**(run.tags or {}), **self._fit_tags()}
         # each seed's tags: a sweep's own (--run.seed_runs), else this fit's group, read as a sweep by compare
         group = {} if run.seed_runs else {"sweep.name": parent_name(self.run_name)}
@@ -454,30 +462,53 @@ class PaperlabCLI(LightningCLI):
             # fit does for its name (one query for all of them)
             own = [] if run.seed_runs else [parent_name(self.run_name)]
             self._orphans_closed(self.run_name, names=[*own, *names.values()])
+            uri = default_tracking_uri()
             if run.seed_runs:
                 # the seeds' runs go under the given run (a sweep's parent), which this fit neither ends nor
                 # gives params: its config and params are the sweep's business
-                kwargs["logger"] = SeedRunsLogger(self.seeds, experiment_name=self.experiment,
-                                                  tracking_uri=default_tracking_uri(), run_id=run.parent_run_id,
-                                                  keep_end_time=True)
+                kwargs["logger"] = SeedRunsLogger(self.seeds, experiment_name=self.experiment, tracking_uri=uri,
+                                                  run_id=run.parent_run_id, keep_end_time=True, shares_parent=True)
                 self.save_config_callback = None
             else:
                 parent_tags = {**tags, **group, "sweep.role": "parent",
                                "paperlab.seeds": " ".join(map(str, self.seeds))}
                 if run.parent_run_id:
                     parent_tags["mlflow.parentRunId"] = run.parent_run_id
+                parent_id = self._resumed_run(self.ckpt_dir, uri) if resumed else None
                 kwargs["logger"] = SeedRunsLogger(self.seeds, experiment_name=self.experiment,
-                                                  run_name=parent_name(self.run_name),
-                                                  tracking_uri=default_tracking_uri(), tags=parent_tags)
+                                                  run_name=parent_name(self.run_name), tracking_uri=uri,
+                                                  tags=parent_tags, run_id=parent_id)
+            if resumed:
+                kwargs["logger"].resume_children({s: self._resumed_run(folders[s], uri) for s in self.seeds})
         outputs = SeedOutputs(self.seeds, names, folders, self.seed_configs, seed_tags,
-                              self.model.monitor, self.model.monitor_mode)
+                              self.model.monitor, self.model.monitor_mode, self.ckpt_dir)
         self.seed_outputs = outputs
         callbacks: list[Callback] = [outputs]
+        if trainer_config.get("enable_checkpointing", True) is not False:
+            # the stack's resumable state, at epoch ends only (within an epoch the seeds' metric states would be
+            # lost); each seed's own checkpoints are SeedOutputs' business. A Checkpoint callback, so Lightning
+            # adds no ModelCheckpoint of its own
+            callbacks.append(LastCheckpoint(str(self.ckpt_dir), min_interval_s=run.checkpoint_interval_s,
+                                            every_s=math.inf))
         if trainer_config.get("enable_progress_bar", True) is not False and importlib.util.find_spec("rich"):
             callbacks.append(PaperlabProgressBar())
         kwargs["callbacks"] = callbacks
-        kwargs["enable_checkpointing"] = False  # each seed's checkpoints are SeedOutputs' business
         return super().instantiate_trainer(**kwargs)
+
+    def _seed_group_folder(self) -> Path:
+        """The folder of a seed-parallel fit as a whole (``<run name> seeds``): its resumable ``last.ckpt`` and
+        its parent run's record; each seed's own files are in its run's folder."""
+        from seed_parallel.outputs import parent_name
+
+        return self._folder(parent_name(self.run_name))
+
+    def _resumed_run(self, folder: Path, uri: str) -> str:
+        """The run whose files are in ``folder`` (its ``mlflow_run.json``), which a resume continues."""
+        run_id = run_id_for_checkpoint(folder / "last.ckpt", uri)
+        if run_id is None:
+            raise ConfigError(f"cannot resume: {folder} has no record of its MLflow run in {uri} "
+                              "(mlflow_run.json); start the fit again without --ckpt_path")
+        return run_id
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         subcommand = self.subcommand or "fit"

@@ -6,8 +6,9 @@ MLflow: a parent run ``<run name> seeds`` (the config with ``run.seeds``, tagged
 as in a plain run), the plain run's tags, the same metric names at the same steps and ``<monitor>_best``.
 Files: each child has its own folder ``<checkpoint_root>/<experiment>/<run name>_s<seed>/`` with
 ``mlflow_run.json``, ``last.ckpt`` (the weights at the end) and ``best-epoch<NNN>.ckpt`` (the best epoch's
-weights), both loadable by a plain ``test --ckpt_path``; they are written when training ends, not every
-epoch (the best weights are kept in memory until then), so a seed-parallel fit does not resume.
+weights), both loadable by a plain ``test --ckpt_path``; they are written when training ends (the best
+weights are kept in memory until then, and travel in the stack's own resumable ``last.ckpt``, in the
+folder ``<run name>_seeds/``, which ``LastCheckpoint`` writes at epoch ends: ``SeedOutputs.state_dict``).
 
 The trainer sees one logger, ``SeedRunsLogger`` (the parent run): it routes every metric named
 ``s<seed>/<metric>`` to that seed's child run as ``<metric>``, and ``epoch`` to all of them; the child
@@ -33,7 +34,7 @@ from callbacks.checkpoints import AtomicCheckpointIO
 from tracking.config_artifact import fit_params, run_tags
 from tracking.figures import log_artifact_bytes
 from tracking.mlflow_logger import PaperlabMLFlowLogger
-from tracking.run_registry import write_run_record
+from tracking.run_registry import PROCESS_TAG, this_process, write_run_record
 
 _SEEDED = re.compile(r"^s(-?\d+)/(.+)$")
 _SEED_LINE = re.compile(r"^seed_everything: .*$", re.M)
@@ -53,16 +54,19 @@ class SeedRunsLogger(PaperlabMLFlowLogger):
 
     Args:
         seeds: the seeds, each with a child run (created by ``open_children``).
-        kwargs: ``PaperlabMLFlowLogger``'s, for the parent run. With ``run_id`` the parent is a run of someone
-            else's (a sweep's parent, ``--run.seed_runs``): the children hang under it and nothing else of this
-            fit is logged into it (pass ``keep_end_time=True`` too: its status stays its owner's).
+        shares_parent: the parent (``run_id``) is a run of someone else's (a sweep's parent,
+            ``--run.seed_runs``): the children hang under it and nothing else of this fit is logged into it
+            (pass ``keep_end_time=True`` too: its status stays its owner's).
+        kwargs: ``PaperlabMLFlowLogger``'s, for the parent run (``run_id``: a resume continues it).
     """
 
-    def __init__(self, seeds: Sequence[int], **kwargs: Any) -> None:
+    def __init__(self, seeds: Sequence[int], shares_parent: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.seeds = [int(s) for s in seeds]
-        self.shares_parent = kwargs.get("run_id") is not None
+        self.shares_parent = shares_parent
         self.children: dict[int, PaperlabMLFlowLogger] = {}
+        self._resumed: dict[int, str] = {}  # seed -> the child run a resume continues
+        self._replayed: dict[int, list[list[Any]]] = {}  # a resume's metrics for children not opened yet
         self.failed: set[int] = set()
         self._shared = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paperlab-mlflow-seeds")
         self._opened: Future | None = None
@@ -75,18 +79,51 @@ class SeedRunsLogger(PaperlabMLFlowLogger):
         on sqlite), which overlap the first training steps instead of delaying them; the children's metrics
         go through the same thread, so they reach runs that exist. An error is raised at ``finalize``."""
         parent = self.run_id
+        tags = {seed: {**tags[seed], "mlflow.parentRunId": parent} for seed in self.seeds}
         for seed in self.seeds:
             self.children[seed] = PaperlabMLFlowLogger(
                 experiment_name=self.experiment_name, run_name=names[seed], tracking_uri=self.tracking_uri,
-                tags={**tags[seed], "mlflow.parentRunId": parent}, flush_every_s=self.flush_every_s, writer=self._shared)
-        self._opened = self._shared.submit(self._open, dict(params), dict(configs), dict(folders))
+                tags=tags[seed], run_id=self._resumed.get(seed), flush_every_s=self.flush_every_s, writer=self._shared)
+            if seed in self._replayed:
+                self.children[seed].replay(self._replayed.pop(seed))
+        self._opened = self._shared.submit(self._open, dict(params), dict(configs), dict(folders), tags)
 
-    def _open(self, params: dict[int, Mapping[str, Any]], configs: dict[int, str], folders: dict[int, Path]) -> None:
+    def _open(self, params: dict[int, Mapping[str, Any]], configs: dict[int, str], folders: dict[int, Path],
+              tags: dict[int, dict[str, Any]]) -> None:
         for seed in self.seeds:
             child = self.children[seed]
             child.log_hyperparams({**params[seed], "seed_everything": seed})  # creates the run, in seed order
+            if seed in self._resumed:
+                child.set_tags(tags[seed])  # a resumed run: this process owns it now (its process tag)
             log_artifact_bytes(child, configs[seed], "config/config.yaml")
             write_run_record(folders[seed], child)
+
+    def resume_children(self, run_ids: Mapping[int, str]) -> None:
+        """A resume: the children continue these runs (``open_children`` takes them over) instead of new ones."""
+        self._resumed = {int(s): r for s, r in run_ids.items()}
+
+    def unflushed(self) -> list[list[Any]]:
+        """Every run's metrics not yet in the store, a child's keyed ``s<seed>/<metric>`` (what
+        ``LastCheckpoint`` puts in the stack's checkpoint, for ``replay`` to route back on a resume)."""
+        rows = super().unflushed()
+        for seed, child in self.children.items():
+            rows += [[f"s{seed}/{key}", *rest] for key, *rest in child.unflushed()]
+        return rows
+
+    def replay(self, rows: list[list[Any]]) -> None:
+        own: list[list[Any]] = []
+        for key, *rest in rows:
+            match = _SEEDED.match(str(key))
+            if match is None:
+                own.append([key, *rest])
+                continue
+            seed, row = int(match.group(1)), [match.group(2), *rest]
+            if seed in self.children:
+                self.children[seed].replay([row])
+            else:
+                self._replayed.setdefault(seed, []).append(row)
+        if own:
+            super().replay(own)
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -134,8 +171,10 @@ class SeedOutputs(Callback):
     """
 
     def __init__(self, seeds: Sequence[int], names: Mapping[int, str], folders: Mapping[int, Path],
-                 configs: Mapping[int, str], tags: Mapping[int, Mapping[str, Any]], monitor: str, mode: str) -> None:
+                 configs: Mapping[int, str], tags: Mapping[int, Mapping[str, Any]], monitor: str, mode: str,
+                 group_folder: Path | None = None) -> None:
         self.seeds = [int(s) for s in seeds]
+        self.group_folder = group_folder
         self.names, self.folders, self.configs = dict(names), dict(folders), dict(configs)
         self.tags = {int(s): dict(t) for s, t in tags.items()}
         self.monitor, self.mode = monitor, mode
@@ -151,6 +190,20 @@ class SeedOutputs(Callback):
         common = run_tags(trainer, pl_module.tasks[0], "fit")
         tags = {s: {**self.tags[s], **common} for s in self.seeds}
         logger.open_children(self.names, tags, self._params(), self.configs, self.folders)
+        if self.group_folder is not None:
+            # the parent run a resume of the stack continues (a sweep's, when shared) and the stack's seeds
+            write_run_record(self.group_folder, logger, seeds=self.seeds)
+            if trainer.ckpt_path is not None and not logger.shares_parent:  # a resume: this process owns the run
+                logger.set_tags({PROCESS_TAG: this_process()})
+
+    def state_dict(self) -> dict[str, Any]:
+        """In the stack's ``last.ckpt``: each seed's best value and its best epoch's weights, which the
+        ``best-epoch<NNN>.ckpt`` written at the end of a resumed fit needs."""
+        return {"best": dict(self.best), "best_state": dict(self.best_state)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best = {int(s): float(v) for s, v in state_dict["best"].items()}
+        self.best_state = {int(s): v for s, v in state_dict["best_state"].items()}
 
     def _params(self) -> dict[int, dict[str, Any]]:
         """Each seed's params, parsed from its config once when the configs differ in their seed line only

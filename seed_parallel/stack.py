@@ -228,6 +228,17 @@ class SeedStack(L.LightningModule):
     def on_fit_start(self) -> None:
         self.tie()
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["paperlab_seeds"] = list(self.seeds)
+        checkpoint["paperlab_failed_seeds"] = sorted(self.failed)  # a resume keeps them stopped
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("paperlab_seeds")
+        if saved is not None and list(saved) != self.seeds:
+            raise ConfigError(f"the checkpoint holds the stack of seeds {list(saved)}, not {self.seeds}: resume "
+                              f"with --run.seeds \"{list(saved)}\", or start a fresh fit without --ckpt_path")
+        self.failed = set(checkpoint.get("paperlab_failed_seeds", []))
+
     # --- one step for all seeds ------------------------------------------------------------------------------
     def _vectorized(self, stage: Stage) -> Any:
         """``vmap`` over the seed axis of: ``step`` on one seed's parameters, split into tensors (vmapped) and

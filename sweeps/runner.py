@@ -116,6 +116,11 @@ class SweepPlan:
         """The name of the seed-parallel fit of a point's seeds: its run names without ``-s<seed>``."""
         return point.run_name.removesuffix(f"-s{point.seed}")
 
+    def group_dir(self, point: Point) -> Path:
+        """The folder of the seed-parallel fit of a point's seeds (the CLI's ``<run name> seeds`` as a folder):
+        its resumable ``last.ckpt``."""
+        return self.checkpoint_root / self.experiment / f"{self.group_name(point)}_seeds"
+
     def log_file(self, point: Point) -> Path:
         """Where the commands of ``point`` write their output (one file per seed-parallel fit)."""
         return self.log_dir / f"{self.group_name(point) if self.spec.vectorize_seeds else point.run_name}.log"
@@ -651,16 +656,20 @@ class SweepRunner:
                 self.client.set_tag(run.info.run_id, DONE_TAG, "fit")
             if state == "done":
                 outcomes[point.run_name] = Outcome(point, "SKIPPED", run_id=run.info.run_id)
-            for old in previous:
-                if state == "todo" and old.info.status == "RUNNING":
-                    self.client.set_terminated(old.info.run_id, "KILLED")
         t0 = time.time()
         log_file = plan.log_file(points[0])
         fit = [p for p in points if states[p.run_name][0] == "todo"]
+        # runs of these seeds still marked RUNNING belong to a sweep that was killed: they are redone now
+        # (resumed into the same runs when the stack left its last.ckpt)
+        for point in fit:
+            for old in existing.get(point.run_name, []):
+                if old.info.status == "RUNNING":
+                    self.client.set_terminated(old.info.run_id, "KILLED")
         run_ids = {p.run_name: states[p.run_name][1].info.run_id for p in points
                    if states[p.run_name][0] == "needs_test"}
         if fit:
-            rc = self.executor(plan.seeds_fit_args(fit, self.parent_id), log_file)
+            resume = ["--ckpt_path", "last"] if self._seeds_resumable(fit, existing) else []
+            rc = self.executor(plan.seeds_fit_args(fit, self.parent_id) + resume, log_file)
             for point in fit:
                 run_id = self._child_run_id(point, t0)
                 status = self.client.get_run(run_id).info.status if run_id is not None else None
@@ -685,6 +694,20 @@ class SweepRunner:
                 self.client.set_tag(run_id, DONE_TAG, "test")
             outcomes[point.run_name] = Outcome(point, "FINISHED", run_id, time.time() - t0, self._headline(run_id))
         return [outcomes[p.run_name] for p in points]
+
+    def _seeds_resumable(self, fit: list[Point], existing: dict[str, list[Any]]) -> bool:
+        """Whether a killed seed-parallel fit of exactly these seeds can resume: its stack of these seeds left a
+        complete ``last.ckpt`` and every seed's folder records a run of it that was left unfinished (RUNNING or
+        KILLED). Otherwise (one seed killed of a stack whose others finished, seeds added) they fit afresh."""
+        group = self.plan.group_dir(fit[0])
+        if (_run_record(group) or {}).get("seeds") != [p.seed for p in fit] or not _complete(group / "last.ckpt"):
+            return False
+        for point in fit:
+            record = _run_record(self.plan.ckpt_dir(point)) or {}
+            unfinished = {r.info.run_id for r in existing.get(point.run_name, []) if r.info.status in ("RUNNING", "KILLED")}
+            if record.get("run_id") not in unfinished:
+                return False
+        return True
 
     def _run_point(self, point: Point, previous: list[Any]) -> Outcome:
         plan = self.plan

@@ -272,3 +272,61 @@ def test_each_child_run_equals_the_plain_fit_of_its_seed(case: str, paperlab_tmp
     assert run_training(["test", "--config", str(REPO / config), *extra, "--ckpt_path", "best",
                          "--run.name", "stack s1"]) == 0
     assert "test/loss" in c.get_run(runs["stack s1"].info.run_id).data.metrics
+
+
+def test_a_resumed_seed_parallel_fit_continues_its_runs_as_the_uninterrupted_fit(paperlab_tmp: Path) -> None:
+    """Two epochs, then ``--ckpt_path last`` to a third, against three epochs at once: the same runs continued
+    (the parent's and each seed's), the same metric histories, best values and final weights."""
+    base = ["--config", str(REPO / "configs/mlp_classifier/yinyang.yaml"), "--run.seeds", "[0,1]",
+            "--data.train_size", "300", "--data.val_size", "200"]
+    assert run_training(["fit", *base, "--trainer.max_epochs", "3", "--run.name", "whole"]) == 0
+    assert run_training(["fit", *base, "--trainer.max_epochs", "2", "--run.name", "cut"]) == 0
+    before = {r.info.run_name: r.info.run_id for r in client().search_runs(
+        [client().get_experiment_by_name("mlp_classifier").experiment_id])}
+    assert run_training(["fit", *base, "--trainer.max_epochs", "3", "--run.name", "cut", "--ckpt_path", "last"]) == 0
+    runs = {r.info.run_name: r for r in client().search_runs(
+        [client().get_experiment_by_name("mlp_classifier").experiment_id])}
+    assert {n: r.info.run_id for n, r in runs.items()} == before  # continued, none new
+    assert runs["cut s1"].data.params["trainer.max_epochs"] == "2"  # the run's params stay; the change is a tag
+    folders = paperlab_tmp / "checkpoints/mlp_classifier"
+    for seed in (0, 1):
+        whole, cut = runs[f"whole s{seed}"], runs[f"cut s{seed}"]
+        assert cut.info.status == "FINISHED" and cut.data.tags["param_changed.trainer.max_epochs"] == "3"
+        assert set(whole.data.metrics) == set(cut.data.metrics)
+        for key in ("val/loss", "val/acc", "train/loss", "val/acc_best"):
+            assert _history(whole, key) == _history(cut, key), (seed, key)
+        a = torch.load(folders / f"whole_s{seed}/last.ckpt", weights_only=True)["state_dict"]
+        b = torch.load(folders / f"cut_s{seed}/last.ckpt", weights_only=True)["state_dict"]
+        assert a.keys() == b.keys(), (a.keys(), b.keys())
+        assert all(torch.equal(a[k], b[k]) for k in a), {k: float((a[k] - b[k]).abs().max()) for k in a}
+        best = sorted(p.name for p in (folders / f"cut_s{seed}").glob("best-epoch*.ckpt"))
+        assert best == sorted(p.name for p in (folders / f"whole_s{seed}").glob("best-epoch*.ckpt"))
+    assert run_training(["fit", *base, "--run.name", "cut", "--ckpt_path", "best"]) == 2
+
+
+def test_the_seeds_unwritten_metrics_travel_in_the_checkpoint_and_reach_their_runs_on_resume(paperlab_tmp: Path) -> None:
+    """What ``LastCheckpoint`` stores of a stack (``unflushed``) and hands back on resume (``replay``): each
+    seed's metrics not yet in the store, routed back to that seed's run, even before its logger exists."""
+    from seed_parallel.outputs import SeedRunsLogger
+    from tracking.mlflow_logger import default_tracking_uri
+
+    uri = default_tracking_uri()
+    first = SeedRunsLogger([0, 1], experiment_name="e", run_name="p seeds", tracking_uri=uri, flush_every_s=3600)
+    first.open_children({0: "p s0", 1: "p s1"}, {0: {}, 1: {}}, {0: {}, 1: {}}, {0: "a: 1", 1: "a: 1"},
+                        {0: paperlab_tmp / "s0", 1: paperlab_tmp / "s1"})
+    first._opened.result()
+    first.log_metrics({"s0/val/loss": 0.5, "s1/val/loss": 0.25, "epoch": 0.0}, step=7)
+    rows = first.unflushed()
+    assert sorted(r[0] for r in rows) == ["s0/epoch", "s0/val/loss", "s1/epoch", "s1/val/loss"]
+    ids = {s: first.children[s].run_id for s in (0, 1)}
+    first._shared.shutdown()  # a kill -9: nothing written, the rows live on in the checkpoint only
+
+    resumed = SeedRunsLogger([0, 1], experiment_name="e", tracking_uri=uri, run_id=first.run_id)
+    resumed.replay(rows)  # Lightning restores callbacks before on_fit_start opens the children
+    resumed.resume_children(ids)
+    resumed.open_children({0: "p s0", 1: "p s1"}, {0: {}, 1: {}}, {0: {}, 1: {}}, {0: "a: 1", 1: "a: 1"},
+                          {0: paperlab_tmp / "s0", 1: paperlab_tmp / "s1"})
+    resumed.finalize("success")
+    for seed, value in ((0, 0.5), (1, 0.25)):
+        assert [(m.step, m.value) for m in client().get_metric_history(ids[seed], "val/loss")] == [(7, value)]
+    assert client().get_run(first.run_id).data.metrics == {}

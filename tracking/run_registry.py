@@ -317,14 +317,16 @@ def archive_previous(directory: Path) -> Path | None:
     return dest
 
 
-def write_run_record(directory: Path, logger: PaperlabMLFlowLogger) -> None:
-    """``directory/mlflow_run.json``: the run id, experiment and tracking URI of ``logger``'s run."""
+def write_run_record(directory: Path, logger: PaperlabMLFlowLogger, **extra: Any) -> None:
+    """``directory/mlflow_run.json``: the run id, experiment and tracking URI of ``logger``'s run, and
+    ``extra`` (a seed-parallel fit's folder: its ``seeds``)."""
     directory.mkdir(parents=True, exist_ok=True)
     record = {
         "run_id": logger.run_id,
         "experiment_name": logger.experiment_name,
         "experiment_id": logger.experiment_id,
         "tracking_uri": logger.tracking_uri,
+        **extra,
     }
     (directory / RUN_FILE).write_text(json.dumps(record, indent=2) + "\n")
 

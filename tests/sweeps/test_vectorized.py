@@ -70,7 +70,18 @@ def test_a_vectorized_sweep_leaves_the_runs_of_the_plain_sweep(paperlab_tmp: Pat
         folder = paperlab_tmp / "checkpoints/mlp_classifier" / f"vector-{key}"
         assert (folder / "last.ckpt").is_file() and list(folder.glob("best-epoch*.ckpt"))
 
-    # a rerun skips every seed; a seed whose run was killed is fitted again, alone, into a new run
+    # a killed stack resumes from its last.ckpt into the same runs
+    relu = [b[f"activation=relu-s{s}"].info.run_id for s in (0, 1)]
+    for run_id in relu:
+        client().set_terminated(run_id, "KILLED")
+    assert cli_main(["sweep", "--config", str(vector), "--in-process"]) == 0
+    assert "2 finished, 2 skipped" in capsys.readouterr().out
+    assert "--ckpt_path last" in (log_dir / "vector-activation=relu.log").read_text()
+    resumed = _sweep_runs("vector")
+    assert [resumed[f"activation=relu-s{s}"].info.run_id for s in (0, 1)] == relu
+    assert all(resumed[f"activation=relu-s{s}"].info.status == "FINISHED" for s in (0, 1))
+
+    # a seed killed alone (its stack's other seed finished) is fitted again, alone, into a new run
     killed = b["activation=tanh-s1"].info.run_id
     client().set_terminated(killed, "KILLED")
     assert cli_main(["sweep", "--config", str(vector), "--in-process"]) == 0
