@@ -63,7 +63,9 @@ class FiniteLossGuard(Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if not isinstance(loss, torch.Tensor):
             return
-        self._losses.append(loss.detach().reshape(-1)[:1])
+        # one tensor op per step (about 1 us) for the usual scalar loss; its first element otherwise
+        loss = loss.detach()
+        self._losses.append(loss if loss.dim() == 0 else loss.reshape(-1)[0])
         self._steps.append(self._step)
         if len(self._losses) >= self.check_every_n_steps:
             self._check(trainer)
@@ -71,17 +73,21 @@ class FiniteLossGuard(Callback):
     def _check(self, trainer: L.Trainer) -> None:
         if not self._losses:
             return
-        losses = torch.cat(self._losses)
+        losses = torch.stack(self._losses)
         steps, self._losses, self._steps = self._steps, [], []
         if self.bound is None and self.divergence_factor is not None:
             first = float(losses[0])  # one extra sync, once per run
             if math.isfinite(first):
                 self.bound = self.divergence_factor * max(abs(first), 1.0)
-        bad = ~torch.isfinite(losses)
-        if self.bound is not None:
-            bad |= losses.abs() > self.bound
-        if not bool(bad.any()):
+        # |loss| <= bound is False for NaN and for +-inf too: one comparison checks both (an infinite bound
+        # would let an infinite loss through, so it falls back to the finiteness check)
+        if self.bound is not None and math.isfinite(self.bound):
+            good = losses.abs() <= self.bound
+        else:
+            good = torch.isfinite(losses)
+        if bool(good.all()):
             return
+        bad = ~good
         i = int(bad.nonzero()[0])
         value = float(losses[i])
         kept = self._last_checkpoint(trainer)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import pytest
 import torch
@@ -48,6 +50,57 @@ def test_short_epochs_are_checkpointed_at_the_interval_and_always_at_the_end(tmp
     assert last.steps == [2, 8]  # the first epoch end, then nothing within the hour, then the end of training
 
 
+class _Scripted(L.LightningModule):
+    """Logs ``val/score`` from a script, one value per epoch."""
+
+    def __init__(self, scores: list[float]) -> None:
+        super().__init__()
+        self.scores = scores
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def training_step(self, batch, batch_idx):
+        return (self.w - 1).pow(2).sum()
+
+    def validation_step(self, batch, batch_idx) -> None:
+        self.log("val/score", self.scores[self.current_epoch])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize(("mode", "scores"), [
+    # exact in float32; an equal value (epochs 1 and 3, 1 and 2) and a NaN are no improvement
+    ("max", [0.5, 0.75, 0.625, 0.75, 0.875, float("nan"), 0.8125]),
+    ("min", [0.5, 0.25, 0.25, float("nan"), 0.625, 0.125, 0.1875]),
+])
+def test_best_keeps_the_epoch_lightning_keeps_and_skips_epochs_that_do_not_improve(tmp_path, mode, scores):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    ours = BestCheckpoint(str(tmp_path / "ours"), monitor="val/score", mode=mode)
+    reference = ModelCheckpoint(dirpath=str(tmp_path / "ref"), filename="best-epoch{epoch:03d}",
+                                auto_insert_metric_name=False, monitor="val/score", mode=mode, save_top_k=1,
+                                save_weights_only=True)
+    seen: list[tuple[str, str]] = []  # after each epoch's saves (checkpoint callbacks run last): the bests so far
+
+    class Spy(L.Callback):
+        def on_train_epoch_start(self, trainer, pl_module) -> None:
+            seen.append((Path(ours.best_model_path).name, Path(reference.best_model_path).name))
+
+    x = torch.zeros(4, 1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=2)
+    trainer = L.Trainer(max_epochs=len(scores), logger=False, callbacks=[ours, reference, Spy()],
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        default_root_dir=tmp_path)
+    trainer.fit(_Scripted(scores), loader, loader)
+    firsts = {"max": [0, 1, 1, 1, 4, 4], "min": [0, 1, 1, 1, 1, 5]}[mode]  # the best before epochs 1..6
+    assert seen[1:] == [(f"best-epoch{e:03d}.ckpt",) * 2 for e in firsts]
+    best_epoch = 4 if mode == "max" else 5
+    assert [p.name for p in (tmp_path / "ours").glob("best-*.ckpt")] == [f"best-epoch{best_epoch:03d}.ckpt"]
+    assert [p.name for p in (tmp_path / "ref").glob("best-*.ckpt")] == [f"best-epoch{best_epoch:03d}.ckpt"]
+    assert float(ours.best_model_score) == float(reference.best_model_score) == scores[best_epoch]
+    assert ours.best_model_path.endswith(f"best-epoch{best_epoch:03d}.ckpt")
+
+
 # --- writing off the training thread (BackgroundCheckpointIO) and the metrics a checkpoint carries -------------
 
 
@@ -87,6 +140,39 @@ def test_a_failed_write_keeps_the_previous_checkpoint_and_leaves_no_temporary_fi
         io.save_checkpoint({"step": 2, "unpicklable": lambda: 0}, target)
     assert torch.load(target, weights_only=False) == {"step": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_background_writes_copy_at_hand_over_keep_order_and_raise_a_failure_once(tmp_path):
+    from collections import OrderedDict
+
+    from callbacks.checkpoints import BackgroundCheckpointIO
+
+    io = BackgroundCheckpointIO()
+    w = torch.zeros(3)
+    state = {"state_dict": OrderedDict(w=w), "loops": {"a": [1, (w, "x")]}, "epoch": 0}
+    io.save_checkpoint({"big": torch.zeros(5_000_000)}, tmp_path / "big.ckpt")  # keeps the writer busy a while
+    io.save_checkpoint(state, tmp_path / "a.ckpt")
+    w += 1  # training goes on, before the write: the file holds the weights at the hand-over
+    io.wait()
+    written = torch.load(tmp_path / "a.ckpt", weights_only=False)
+    assert torch.equal(written["state_dict"]["w"], torch.zeros(3)) and torch.equal(written["loops"]["a"][1][0], torch.zeros(3))
+    io.save_checkpoint({"w": w}, tmp_path / "b.ckpt")
+    io.remove_checkpoint(tmp_path / "a.ckpt")  # queued behind the write
+    io.remove_checkpoint(tmp_path / "big.ckpt")
+    io.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.ckpt"]
+    assert torch.equal(torch.load(tmp_path / "b.ckpt", weights_only=False)["w"], torch.ones(3))
+    io.save_checkpoint(state, tmp_path / "a.ckpt")
+    io.wait()
+    written = torch.load(tmp_path / "a.ckpt", weights_only=False)
+    assert type(written["state_dict"]) is OrderedDict and written["loops"]["a"][1][1] == "x"
+    assert torch.equal(written["state_dict"]["w"], torch.ones(3)) and written["loops"]["a"][1][0] is not w
+    io.save_checkpoint({"bad": lambda: 0}, tmp_path / "c.ckpt")
+    with pytest.raises(Exception):  # noqa: B017 - whatever pickle raises for a lambda
+        io.wait()
+    io.wait()  # raised once
+    assert torch.load(tmp_path / "a.ckpt", weights_only=False)["epoch"] == 0 and not (tmp_path / "c.ckpt").exists()
+    io.teardown()
 
 
 def _write_until_killed(path: str) -> None:
