@@ -43,6 +43,13 @@ FIT_HOOKS = ("training_step", "validation_step", "on_fit_start", "on_train_start
 # torch has no vmap rule for CPU flash attention and loops over the seeds instead: measured (tiny GPT shapes,
 # 4 seeds, forward + backward) 21.8 ms against 22.7 ms for four plain calls, so nothing a user should act on
 warnings.filterwarnings("ignore", message=r".*not yet implemented the batching rule for aten::_scaled_dot_product")
+#: the activations one vmapped call may keep for backward, summed over its seeds; more seeds than that run in
+#: chunks (``SeedStack.chunk_size``). Why: a stack's activations are K times a plain step's, and past the CPU's
+#: caches every op streams them from memory. The tiny GPT keeps 29 MB per seed: its stacked step took 1.28x the
+#: K plain steps at K = 16 and 1.68x at K = 32 in one call, 0.90-1.05x in chunks of 4 (torch.vmap's chunk_size;
+#: the flash-attention fallback's per-seed backward also fills a zero tensor of the whole call per seed, which
+#: chunks shrink from K^2 to K x chunk). The reference MLP keeps 0.05 MB per seed and is never chunked.
+CHUNK_BYTES = 128 * 2**20
 SEQUENTIAL = "run the seeds one after another instead (a sweep with `seeds:`, or one fit per --seed_everything)"
 
 
@@ -60,6 +67,17 @@ class _StepCall(nn.Module):
 
     def forward(self, batch: Any, stage: Stage) -> Any:
         return self.task.step(batch, stage)
+
+
+def _map_tensors(batch: Any, fn: Any) -> Any:
+    """``fn`` applied to every tensor of a batch (tensors, lists, tuples and dicts of them)."""
+    if isinstance(batch, Tensor):
+        return fn(batch)
+    if isinstance(batch, list | tuple):
+        return type(batch)(_map_tensors(b, fn) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _map_tensors(v, fn) for k, v in batch.items()}
+    return batch
 
 
 def _stack_batches(batches: Sequence[Any]) -> Any:
@@ -204,7 +222,11 @@ class SeedStack(L.LightningModule):
         for i, name in enumerate(self.buffer_names):
             self.register_buffer(f"buffer_{i}", buffers[name].clone())
         self._caller = [_StepCall(first)]  # in a list: not a submodule either
-        self._vstep: dict[str, Any] = {}
+        self._vstep: dict[str, Any] = {}  # stage -> (one seed's step, its output layout)
+        self._vfn: dict[str, Any] = {}  # stage -> the vmapped step, once the chunk size is known
+        self.chunk_bytes = CHUNK_BYTES
+        self.chunk_size: int | None = None  # seeds per vmapped call (None: all), chosen at the first step
+        self._chunk_chosen = False
         self._pending: dict[str, list[dict[str, tuple[Any, ...]]]] = {"train": [], "val": [], "test": []}
         self.failed: set[int] = set()  # seeds whose training loss became NaN or infinite: their runs end FAILED
         self.tie()
@@ -241,8 +263,8 @@ class SeedStack(L.LightningModule):
 
     # --- one step for all seeds ------------------------------------------------------------------------------
     def _vectorized(self, stage: Stage) -> Any:
-        """``vmap`` over the seed axis of: ``step`` on one seed's parameters, split into tensors (vmapped) and
-        constants (the same for every seed: token counts, which metrics a stage updates)."""
+        """``one``: ``step`` on one seed's parameters, split into tensors (vmapped) and constants (the same for
+        every seed: token counts, which metrics a stage updates), and the layout that puts them back together."""
         if stage in self._vstep:
             return self._vstep[stage]
         caller = self._caller[0]
@@ -272,14 +294,39 @@ class SeedStack(L.LightningModule):
             layout["spec"] = spec
             return tensors
 
-        fn = vmap(one, in_dims=(0, 0, 0), randomness="error")
-        self._vstep[stage] = (fn, layout)
+        self._vstep[stage] = (one, layout)
         return self._vstep[stage]
+
+    def _choose_chunk_size(self, one: Any, params: tuple[Tensor, ...], buffers: tuple[Tensor, ...],
+                           batch: Any) -> int | None:
+        """Seeds per vmapped call: as many as keep ``chunk_bytes`` of activations for backward, from the bytes
+        one seed's plain step saves (measured once, a plain step of the first seed on its first batch: the step
+        is pure, so this dry run changes nothing). A function of the shapes only: every run of a config chunks
+        alike."""
+        saved = 0
+
+        def count(t: Tensor) -> Tensor:
+            nonlocal saved
+            saved += t.numel() * t.element_size()
+            return t
+
+        # validation runs under inference mode, where nothing is saved for backward: step out of it, and take
+        # the batch out of its inference tensors
+        with torch.inference_mode(False), torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+            one(tuple(p[0] for p in params), tuple(b[0].clone() for b in buffers), _map_tensors(batch, lambda t: t[0].clone()))
+        per_call = max(1, self.chunk_bytes // max(saved, 1))
+        return None if per_call >= len(self.seeds) else int(per_call)
 
     def seed_step(self, batch: Any, stage: Stage) -> tuple[Tensor, dict[str, tuple[Any, ...]]]:
         """The K seeds' losses ``(K,)`` and each metric's arguments with a leading seed axis."""
-        fn, layout = self._vectorized(stage)
-        tensors = fn(tuple(self.stacked), tuple(self.stacked_buffers()), batch)
+        one, layout = self._vectorized(stage)
+        params, buffers = tuple(self.stacked), tuple(self.stacked_buffers())
+        if not self._chunk_chosen:
+            self.chunk_size = self._choose_chunk_size(one, params, buffers, batch)
+            self._chunk_chosen = True
+        if stage not in self._vfn:
+            self._vfn[stage] = vmap(one, in_dims=(0, 0, 0), randomness="error", chunk_size=self.chunk_size)
+        tensors = self._vfn[stage](params, buffers, batch)
         args = {name: tuple(tensors[f"{name}\0{i}"] if c is None else c for i, c in enumerate(spec))
                 for name, spec in layout["spec"].items()}
         return args[""][0], args

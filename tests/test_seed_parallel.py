@@ -50,9 +50,12 @@ def _plain(seed: int, optimizer: functools.partial, batches: list, dtype: torch.
     return {k: v.detach().clone() for k, v in task.state_dict().items()}
 
 
-def _stacked(seeds: list[int], optimizer: functools.partial, data: dict[int, list], dtype: torch.dtype) -> SeedStack:
+def _stacked(seeds: list[int], optimizer: functools.partial, data: dict[int, list], dtype: torch.dtype,
+             chunk_bytes: int | None = None) -> SeedStack:
     stack = SeedStack([_task(s, optimizer) for s in seeds], seeds).to(dtype)
     stack.tie()
+    if chunk_bytes is not None:
+        stack.chunk_bytes = chunk_bytes
     opt = stack.configure_optimizers()
     for i in range(len(data[seeds[0]])):
         batch = tuple(torch.stack([data[s][i][j] for s in seeds]) for j in range(2))
@@ -83,6 +86,37 @@ def test_each_seed_of_a_stack_takes_its_own_plain_steps(name: str) -> None:
             torch.testing.assert_close(got[key], value, rtol=0, atol=1e-12, msg=f"seed {s} {key}")
     other = _plain(seeds[1], OPTIMIZERS[name], data[seeds[0]], dtype)  # seed 7's init on seed 3's data
     assert max((stack.tasks[0].state_dict()[k] - v).abs().max() for k, v in other.items()) > 1e-3
+
+
+def _saved_bytes_of_one_step(seed: int, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+    """What one plain step of one seed keeps for backward (the stack's chunks are sized by it)."""
+    saved = 0
+
+    def count(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        saved += t.numel() * t.element_size()
+        return t
+
+    task = _task(seed, OPTIMIZERS["adamw"]).double()
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+        task.step(batch, "train")
+    return saved
+
+
+@pytest.mark.parametrize("per_call", [1, 2])
+def test_seeds_whose_activations_exceed_the_budget_run_in_chunks_and_still_take_their_plain_steps(per_call: int) -> None:
+    """A stack whose activations pass ``chunk_bytes`` runs the vmapped step on a few seeds at a time (the tiny
+    GPT keeps 29 MB per seed): the chunk holds as many seeds as fit the budget, measured per seed (2 of 3 seeds
+    leave a chunk of one), and every seed still takes its plain steps."""
+    seeds, dtype = [3, 7, 11], torch.float64
+    data = {s: _batches(s, 4, dtype) for s in seeds}
+    budget = _saved_bytes_of_one_step(seeds[0], data[seeds[0]][0]) * per_call + 1
+    stack = _stacked(seeds, OPTIMIZERS["adamw"], data, dtype, chunk_bytes=budget)
+    assert stack.chunk_size == per_call
+    for k, s in enumerate(seeds):
+        for key, value in _plain(s, OPTIMIZERS["adamw"], data[s], dtype).items():
+            torch.testing.assert_close(stack.tasks[k].state_dict()[key], value, rtol=0, atol=1e-12, msg=f"{s} {key}")
+    assert _stacked(seeds, OPTIMIZERS["adamw"], data, dtype).chunk_size is None  # the default budget: one call
 
 
 def test_a_seed_whose_loss_is_nan_leaves_the_other_seeds_plain_steps_untouched() -> None:
