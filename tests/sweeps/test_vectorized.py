@@ -31,6 +31,7 @@ def _history(run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in client().get_metric_history(run_id, key)]
 
 
+@pytest.mark.slow  # 15 s: two sweeps, a resume and a refit; the dry run and the refusal below stay fast
 def test_a_vectorized_sweep_leaves_the_runs_of_the_plain_sweep(paperlab_tmp: Path,
                                                                  capsys: pytest.CaptureFixture) -> None:
     fields = {"grid": {"model.net.activation": ["relu", "tanh"]}, "seeds": [0, 1], "test": True, "overrides": EXACT}
