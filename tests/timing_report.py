@@ -1,7 +1,8 @@
 """A pytest plugin: at the end of every run, the time spent per test file and per method.
 
 A method's share is its own test files (``tests/**/test_<method>*.py``) plus the CLI checks of its configs
-(``tests/test_cli.py`` cases whose id starts with ``<method>/``): the budget is about 5 s of the default suite
+(test cases whose id names one of its configs, ``<method>/<config>``, such as ``tests/test_cli.py``'s and the
+diagnostic presets' ``full-<method>/<config>``): the budget is about 5 s of the default suite
 per method on 2 cores (``docs/design.md``). Times are setup + call + teardown, as pytest measures them (under
 pytest-xdist they are each worker's times, added up).
 """
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-_CONFIG_ID = re.compile(r"\[([a-z0-9_]+)/")
+# a config id, alone (``[craft/digits]``) or after a preset (``[full-causal_pieces/yinyang]``)
+_CONFIG_ID = re.compile(r"[\[-]([a-z0-9_]+)/")
 
 
 def _methods() -> list[str]:
