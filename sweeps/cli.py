@@ -343,17 +343,18 @@ def _print_commands(args: argparse.Namespace, plan, parent_id: str, only: list[i
     for job in plan.jobs(points):
         p = job[0]
         if plan.spec.vectorize_seeds:
-            steps = [plan.seeds_fit_args(job, parent_id)] + ([plan.test_args(q) for q in job] if plan.spec.test else [])
-            label = f"{plan.group_name(p)} (points {', '.join(str(q.index) for q in job)})"
+            fit = plan.seeds_fit_args(job, parent_id)
+            header = f"# {plan.group_name(p)} (points {', '.join(str(q.index) for q in job)})"
         else:
-            steps = [plan.fit_args(p, parent_id)] + ([plan.test_args(p)] if plan.spec.test else [])
-            label = p.run_name
+            fit = plan.fit_args(p, parent_id)
+            header = f"# point {p.index}: {p.run_name}"
+        steps = [fit] + ([plan.test_args(q) for q in job] if plan.spec.test else [])
         if args.launcher == "torchrun":
             lines = launchers.torchrun_commands(steps, args.nodes, args.devices_per_node)
         else:
             prefix = (args.exec_prefix + " ") if args.exec_prefix else ""
             lines = [f"{prefix}python main.py {shlex.join(s)}" for s in steps]
-        print(f"# point {p.index}: {label}" if not plan.spec.vectorize_seeds else f"# {label}")
+        print(header)
         print("\n".join(lines))
     if args.launcher == "torchrun" and args.nodes > 1:
         print(

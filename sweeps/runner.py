@@ -257,12 +257,13 @@ def resumable_run(runs: list[Any], ckpt_dir: Path) -> str | None:
     """The point's child run that a killed sweep left unfinished (RUNNING, or KILLED by a Ctrl-C or by the
     rerun's clean-up) with a complete ``last.ckpt`` of its own in the point's folder: the fit resumes it
     (``--ckpt_path last``, into the same run) instead of training from scratch into a new one."""
-    record = _run_record(ckpt_dir)
-    last = Path(ckpt_dir) / "last.ckpt"
-    if not record or not _complete(last):
-        return None
-    ids = {r.info.run_id for r in runs if r.info.status in ("RUNNING", "KILLED")}
-    return record.get("run_id") if record.get("run_id") in ids else None
+    return unfinished_recorded_run(runs, ckpt_dir) if _complete(Path(ckpt_dir) / "last.ckpt") else None
+
+
+def unfinished_recorded_run(runs: list[Any], directory: Path) -> str | None:
+    """The run ``directory``'s run record names, when it is one of ``runs`` left unfinished (RUNNING or KILLED)."""
+    run_id = (_run_record(directory) or {}).get("run_id")
+    return run_id if run_id in {r.info.run_id for r in runs if r.info.status in ("RUNNING", "KILLED")} else None
 
 
 def _complete(path: Path) -> bool:
@@ -643,8 +644,8 @@ class SweepRunner:
 
     def _run_seeds(self, points: list[Point], existing: dict[str, list[Any]]) -> list[Outcome]:
         """The seeds of one swept value (``vectorize_seeds``): those not fitted yet as one seed-parallel fit
-        (a killed point is fitted again from scratch: a seed-parallel fit does not resume), then each seed's
-        test as a plain ``test --ckpt_path best``. Each seed keeps its own outcome: a seed whose loss became
+        (a killed stack resumes, ``_seeds_resumable``; otherwise they fit from scratch), then each seed's test
+        as a plain ``test --ckpt_path best``. Each seed keeps its own outcome: a seed whose loss became
         NaN ends FAILED and the others go on."""
         plan = self.plan
         outcomes: dict[str, Outcome] = {}
@@ -702,12 +703,8 @@ class SweepRunner:
         group = self.plan.group_dir(fit[0])
         if (_run_record(group) or {}).get("seeds") != [p.seed for p in fit] or not _complete(group / "last.ckpt"):
             return False
-        for point in fit:
-            record = _run_record(self.plan.ckpt_dir(point)) or {}
-            unfinished = {r.info.run_id for r in existing.get(point.run_name, []) if r.info.status in ("RUNNING", "KILLED")}
-            if record.get("run_id") not in unfinished:
-                return False
-        return True
+        # a seed's own last.ckpt is written when the stack ends: its folder has the run record only
+        return all(unfinished_recorded_run(existing.get(p.run_name, []), self.plan.ckpt_dir(p)) for p in fit)
 
     def _run_point(self, point: Point, previous: list[Any]) -> Outcome:
         plan = self.plan

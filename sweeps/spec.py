@@ -477,16 +477,11 @@ def validate(spec: SweepSpec, points: list[Point], resolved: dict[str, Any] | No
 def not_vectorizable(resolved: dict[str, Any]) -> str | None:
     """Why a point of this resolved config cannot run its seeds as one seed-parallel fit (``--run.seeds``),
     or None: the checks ``seed_parallel`` makes at the start of such a fit that a config alone decides."""
-    import importlib
-
-    class_path = str((resolved.get("model") or {}).get("class_path", ""))
-    module_name, _, cls_name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), cls_name)
-    except (ImportError, AttributeError, ValueError):
+    class_path, cls = _model_class(resolved)
+    if cls is None:
         return f"its model class {class_path!r} cannot be imported"
     if not getattr(cls, "vectorizable", False):
-        return f"{cls_name} is not vectorizable (docs/design.md, 'Seed-parallel runs')"
+        return f"{cls.__name__} is not vectorizable (docs/design.md, 'Seed-parallel runs')"
     watchers = [*((resolved.get("trainer") or {}).get("callbacks") or []), *(resolved.get("diagnostics") or [])]
     if watchers:
         names = ", ".join(sorted({str(c.get("class_path", c)).rsplit(".", 1)[-1] if isinstance(c, dict) else str(c)
@@ -496,33 +491,37 @@ def not_vectorizable(resolved: dict[str, Any]) -> str | None:
     return None
 
 
+def _model_class(resolved: dict[str, Any], overrides: dict[str, Any] | None = None) -> tuple[str, type | None]:
+    """The task's class path (an override's, else the resolved config's) and the class, None if it cannot be
+    imported."""
+    import importlib
+
+    overrides = overrides or {}
+    class_path = str(overrides.get("model.class_path") or (resolved.get("model") or {}).get("class_path", ""))
+    module_name, _, cls_name = class_path.rpartition(".")
+    try:
+        return class_path, getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError, ValueError):
+        return class_path, None
+
+
 def experiment_of(resolved: dict[str, Any], overrides: dict[str, Any]) -> str:
     """The MLflow experiment the children log to: ``run.experiment`` or the method (the module's package)."""
     explicit = overrides.get("run.experiment") or (resolved.get("run") or {}).get("experiment")
     if explicit:
         return str(explicit)
-    import importlib
-
     from tracking.config_artifact import method_name
 
-    class_path = overrides.get("model.class_path") or (resolved.get("model") or {}).get("class_path", "")
-    module_name, _, cls_name = str(class_path).rpartition(".")
-    try:
-        return method_name(getattr(importlib.import_module(module_name), cls_name))
-    except (ImportError, AttributeError, ValueError):
-        return module_name.split(".")[1] if module_name.startswith("modules.") else cls_name.lower()
+    class_path, cls = _model_class(resolved, overrides)
+    if cls is not None:
+        return method_name(cls)
+    module_name, _, cls_name = class_path.rpartition(".")
+    return module_name.split(".")[1] if module_name.startswith("modules.") else cls_name.lower()
 
 
 def monitor_of(resolved: dict[str, Any], overrides: dict[str, Any]) -> str | None:
     """The metric the base config's task monitors (``PaperTask.monitor``, e.g. ``val/acc``), or None."""
-    import importlib
-
-    class_path = overrides.get("model.class_path") or (resolved.get("model") or {}).get("class_path", "")
-    module_name, _, cls_name = str(class_path).rpartition(".")
-    try:
-        monitor = getattr(getattr(importlib.import_module(module_name), cls_name), "monitor", None)
-    except (ImportError, AttributeError, ValueError):
-        return None
+    monitor = getattr(_model_class(resolved, overrides)[1], "monitor", None)
     return monitor if isinstance(monitor, str) and monitor else None
 
 
