@@ -2,6 +2,7 @@
 
     python bench/seed_parallel.py                      # K = 1, 4, 16, 32 of both cases
     python bench/seed_parallel.py --cases mlp --ks 16  # one case, one K
+    python bench/seed_parallel.py --cases gpt --ks 4 --run.num_threads 2  # anything else: both sides' fit options
 
 Both sides run end to end through the CLI (``cli_messages.run_training``, as ``python main.py fit`` does) with
 MLflow logging and checkpoints, in one fresh process per measurement (its own temporary folder and MLflow
@@ -35,7 +36,7 @@ CASES = {
 }
 
 
-def one(case: str, mode: str, k: int) -> dict[str, float]:
+def one(case: str, mode: str, k: int, extra: list[str]) -> dict[str, float]:
     """One measurement in this process (a fresh one: see ``main``)."""
     sys.path.insert(0, str(REPO))
     os.environ["CI"] = "1"  # no progress bar
@@ -51,15 +52,15 @@ def one(case: str, mode: str, k: int) -> dict[str, float]:
     start = time.perf_counter()
     if mode == "sequential":
         for s in seeds:
-            assert run_training(["fit", *CASES[case], "--seed_everything", str(s), "--run.name", f"s{s}"]) == 0
+            assert run_training(["fit", *CASES[case], *extra, "--seed_everything", str(s), "--run.name", f"s{s}"]) == 0
     else:
-        assert run_training(["fit", *CASES[case], "--run.seeds", json.dumps(seeds), "--run.name", "stack"]) == 0
+        assert run_training(["fit", *CASES[case], *extra, "--run.seeds", json.dumps(seeds), "--run.name", "stack"]) == 0
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def measure(case: str, mode: str, k: int) -> dict[str, float]:
-    out = subprocess.run([sys.executable, __file__, "--one", case, mode, str(k)], capture_output=True, text=True,
+def measure(case: str, mode: str, k: int, extra: list[str]) -> dict[str, float]:
+    out = subprocess.run([sys.executable, __file__, "--one", case, mode, str(k), *extra], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     if out.returncode != 0:
         raise SystemExit(f"{case} {mode} K={k} failed:\n{out.stderr[-3000:]}")
@@ -71,15 +72,15 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--ks", nargs="+", type=int, default=[1, 4, 16, 32])
     parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args, extra = parser.parse_known_args()  # the rest goes to both sides' fit commands
     if args.one:
         case, mode, k = args.one
-        print(json.dumps(one(case, mode, int(k))))
+        print(json.dumps(one(case, mode, int(k), extra)))
         return
     print(f"load average at start: {os.getloadavg()[0]:.2f}", flush=True)
     for case in args.cases:
         for k in args.ks:
-            seq, vec = measure(case, "sequential", k), measure(case, "vectorized", k)
+            seq, vec = measure(case, "sequential", k, extra), measure(case, "vectorized", k, extra)
             ratio = seq["seconds"] / vec["seconds"]
             print(f"{case} K={k}: vectorized/sequential throughput {ratio:.2f} (sequential {seq['seconds']:.1f} s, "
                   f"vectorized {vec['seconds']:.1f} s; peak memory {seq['peak_mb']:.0f} MB / {vec['peak_mb']:.0f} MB)",

@@ -19,9 +19,9 @@ had trained on, and sees the rest of the same epoch.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
-from typing import Protocol
+from typing import ClassVar, Protocol, TypeVar
 
 import lightning as L
 import torch
@@ -63,14 +63,19 @@ class ResumableLoader:
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
+        return self.counted(self.batches)
+
+    def counted(self, items: Callable[[int], Iterator[T]]) -> Iterator[T]:
+        """``items(skip)`` (this epoch's batches, or what stands for them) after what a resume skips, each
+        counted as it leaves (``state_dict``)."""
         skip = 0
         if self._resume is not None and self._resume[0] == self.epoch:
             skip = self._resume[1]
         self._resume = None
         self._yielded = skip
-        for batch in self.batches(skip):
+        for item in items(skip):
             self._yielded += 1
-            yield batch
+            yield item
 
     def state_dict(self) -> dict[str, int]:
         """The epoch and how many of its batches were trained on (for a mid-epoch resume). Lightning fetches
@@ -165,9 +170,13 @@ class BatchedTensorLoader(ResumableLoader):
             return full
         return full + 1
 
-    def batches(self, skip: int = 0) -> Iterator[tuple[Tensor, ...]]:
+    def indices(self, skip: int = 0) -> Iterator[Tensor]:
+        """This process's sample indices of each of this epoch's batches after the first ``skip``."""
         for idx in self._global_batches()[skip:]:
-            local = idx[self.rank :: self.world_size] if self.world_size > 1 else idx
+            yield idx[self.rank :: self.world_size] if self.world_size > 1 else idx
+
+    def batches(self, skip: int = 0) -> Iterator[tuple[Tensor, ...]]:
+        for local in self.indices(skip):
             yield tuple(t[local] for t in self.tensors)
 
 
@@ -200,6 +209,7 @@ class ChainedLoader(ResumableLoader):
 
 
 Split = tuple[Tensor, ...]
+T = TypeVar("T")
 
 #: DataModule properties the CLI links into model ``__init__`` arguments of the same name, when both exist
 #: (``input_shape``: one sample's shape; ``num_features``: its flattened size; ``num_classes``: output
@@ -221,6 +231,24 @@ def run_seed_context(seed: int) -> Iterator[None]:
 def current_run_seed() -> int:
     """The run seed of the ``run_seed_context`` being built in (0 outside one)."""
     return _RUN_SEED.get()
+
+
+#: splits built once and shared, per DataModule class (``shared_splits``)
+SplitsCache = dict[type, dict[str, Split]]
+_SHARED_SPLITS: ContextVar[SplitsCache | None] = ContextVar("paperlab_shared_splits", default=None)
+
+
+@contextlib.contextmanager
+def shared_splits(cache: SplitsCache) -> Iterator[None]:
+    """DataModules set up inside, of one configuration but for different run seeds, build their splits once per
+    class into ``cache`` when the class declares ``splits_follow_run_seed = False``: a seed-parallel fit builds
+    and sets up its K seeds' DataModules in it, so seed-independent data costs one build instead of K (each seed
+    keeps its own loader order, which ``seed`` sets, not the splits)."""
+    token = _SHARED_SPLITS.set(cache)
+    try:
+        yield
+    finally:
+        _SHARED_SPLITS.reset(token)
 
 
 LINKED_SIZES = ("input_shape", "num_features", "num_classes", "vocab_size", "block_size")
@@ -264,6 +292,10 @@ class TensorDataModule(PaperlabDataModule):
     """
 
     dataset_name: str = "tensors"
+    #: whether ``build_splits`` depends on the run seed, directly (``run_seed``, ``seed_or_run``) or through a
+    #: global generator that ``seed_everything`` seeds. True unless a subclass knows better: False lets the K
+    #: seeds of a seed-parallel fit share one build (``shared_splits``); a test checks each such declaration.
+    splits_follow_run_seed: ClassVar[bool] = True
 
     def __init__(self, batch_size: int = 150, eval_batch_size: int | None = None, seed: int | None = 0) -> None:
         super().__init__()
@@ -286,11 +318,18 @@ class TensorDataModule(PaperlabDataModule):
         raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:
-        if self.splits is None:
-            self.splits = self.build_splits()
-            for name, tensors in self.splits.items():
-                if len(tensors) == 0 or tensors[0].shape[0] == 0:
-                    raise ConfigError(f"the {name} split of {type(self).__name__} has no samples")
+        if self.splits is not None:
+            return
+        shared = None if self.splits_follow_run_seed else _SHARED_SPLITS.get()
+        if shared is not None and type(self) in shared:
+            self.splits = shared[type(self)]
+            return
+        self.splits = self.build_splits()
+        for name, tensors in self.splits.items():
+            if len(tensors) == 0 or tensors[0].shape[0] == 0:
+                raise ConfigError(f"the {name} split of {type(self).__name__} has no samples")
+        if shared is not None:
+            shared[type(self)] = self.splits
 
     def _split(self, name: str) -> Split:
         self.setup()

@@ -76,6 +76,7 @@ class CharTextDataModule(TensorDataModule):
     """
 
     dataset_name = "stdlib_text"
+    splits_follow_run_seed = False  # the corpus and its document split are fixed
 
     def __init__(
         self,

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from datamodules.base import ResumableLoader
+from datamodules.base import BatchedTensorLoader, ResumableLoader, SplitsCache, shared_splits
 from errors import ConfigError
 from modules.base import PaperTask, Stage, as_step_output, metric_args
 
@@ -121,7 +121,25 @@ class ZipLoader:
     def _own_rng(self, k: int) -> bool:
         return self.rng_states is not None and not isinstance(self.loaders[k], ResumableLoader)
 
+    def _shared_tensors(self) -> tuple[Tensor, ...] | None:
+        """The tensors every seed's loader gathers from, when they are the same ones (seed-independent data,
+        ``datamodules.base.shared_splits``): then each step gathers the K seeds' batches at once."""
+        first = self.loaders[0]
+        for loader in self.loaders:
+            if type(loader) is not BatchedTensorLoader or len(loader.tensors) != len(first.tensors) or any(
+                    a is not b for a, b in zip(loader.tensors, first.tensors)):
+                return None
+        return first.tensors
+
     def __iter__(self) -> Iterator[Any]:
+        tensors = self._shared_tensors()
+        if tensors is not None:
+            # each loader still orders and counts its own seed's indices (its resume state included)
+            orders = [loader.counted(loader.indices) for loader in self.loaders]
+            for idx in zip(*orders):
+                stacked = torch.stack(idx)  # (K, batch): one gather for all seeds
+                yield tuple(t[stacked] for t in tensors)
+            return
         iterators = []
         for k, loader in enumerate(self.loaders):
             iterators.append(self._with_rng(k, lambda loader=loader: iter(loader)))
@@ -166,15 +184,19 @@ class SeedStackData(L.LightningDataModule):
         super().__init__()
         self.datamodules = list(datamodules)
         self.rng_states = list(rng_states)
+        self.splits: SplitsCache = {}  # the seeds' shared splits of seed-independent data
         self.dataset_name = getattr(self.datamodules[0], "dataset_name", "data")
 
     def prepare_data(self) -> None:
         self.datamodules[0].prepare_data()
 
     def setup(self, stage: str) -> None:
-        for dm in self.datamodules:
-            dm.trainer = self.trainer
-            dm.setup(stage)
+        # seed-independent data is built once for all seeds (data a linked size built while the seeds' tasks
+        # were is built already, once per seed, as the plain runs build it)
+        with shared_splits(self.splits):
+            for dm in self.datamodules:
+                dm.trainer = self.trainer
+                dm.setup(stage)
 
     def train_dataloader(self) -> ZipLoader:
         return ZipLoader([dm.train_dataloader() for dm in self.datamodules], self.rng_states)

@@ -20,6 +20,7 @@ from lightning.fabric.utilities.seed import seed_everything
 
 from cli_messages import run_training
 from datamodules.base import BatchedTensorLoader
+from datamodules.yinyang import YinYangDataModule
 from errors import ConfigError
 from modules.components.mlp import MLP
 from modules.weight_drift import WeightDriftModel
@@ -177,15 +178,29 @@ def test_float32_parts_from_the_plain_run_by_rounding_only() -> None:
         assert worst < 1e-6
 
 
-def test_zipped_loaders_give_each_seed_its_own_order() -> None:
+@pytest.mark.parametrize("data", ["shared", "per seed"])
+def test_zipped_loaders_give_each_seed_its_own_order_and_resume_each(data: str) -> None:
+    """Shared tensors (seed-independent data) take the one-gather path; per-seed copies the general one."""
     x = torch.arange(10.0).unsqueeze(1)
-    loaders = [BatchedTensorLoader((x,), 4, shuffle=True, seed=s) for s in (0, 1)]
-    zipped = list(ZipLoader(loaders))
+    loaders = [BatchedTensorLoader((x if data == "shared" else x.clone(),), 4, shuffle=True, seed=s) for s in (0, 1)]
+    zip_loader = ZipLoader(loaders)
+    assert (zip_loader._shared_tensors() is not None) == (data == "shared")
+    zipped = list(zip_loader)
     assert len(zipped) == 3
+    alone = {s: [b[0] for b in BatchedTensorLoader((x,), 4, shuffle=True, seed=s)] for s in (0, 1)}
     for k, s in enumerate((0, 1)):
-        alone = [b[0] for b in BatchedTensorLoader((x,), 4, shuffle=True, seed=s)]
-        for got, want in zip(zipped, alone, strict=True):
+        for got, want in zip(zipped, alone[s], strict=True):
             assert torch.equal(got[0][k], want)
+    # a resume within epoch 1 after its first batch: each seed skips that batch and counts on from it
+    for loader in loaders:
+        loader.load_state_dict({"epoch": 1, "consumed": 1})
+    zip_loader.set_epoch(1)
+    resumed = list(zip_loader)
+    for k, s in enumerate((0, 1)):
+        epoch1 = BatchedTensorLoader((x,), 4, shuffle=True, seed=s)
+        epoch1.sampler.set_epoch(1)
+        assert [b[0][k].tolist() for b in resumed] == [b[0].tolist() for b in list(epoch1)[1:]]
+    assert all(loader.state_dict() == {"epoch": 1, "consumed": 3} for loader in loaders)
 
 
 def test_a_torch_dataloader_shuffles_from_its_own_seeds_generator() -> None:
@@ -221,11 +236,16 @@ def test_seeds_with_a_diagnostic_or_another_command_are_refused(paperlab_tmp: Pa
     assert "WeightDrift" in capsys.readouterr().err
 
 
-def test_test_and_predict_with_seeds_evaluate_each_seeds_run(paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
+def test_test_and_predict_with_seeds_evaluate_each_seeds_run(paperlab_tmp: Path, capsys: pytest.CaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     tiny = ["--config", str(REPO / "configs/mlp_classifier/yinyang.yaml"), "--trainer.max_epochs", "1",
             "--trainer.limit_train_batches", "2", "--trainer.limit_test_batches", "2", "--data.train_size", "200",
             "--data.val_size", "100", "--data.test_size", "100", "--run.name", "ev"]
+    builds = []
+    build_splits = YinYangDataModule.build_splits
+    monkeypatch.setattr(YinYangDataModule, "build_splits", lambda dm: builds.append(dm) or build_splits(dm))
     assert run_training(["fit", *tiny, "--run.seeds", "[0,1]"]) == 0
+    assert len(builds) == 1  # seed-independent data: one build shared by the seeds (datamodules.base.shared_splits)
     assert run_training(["test", *tiny, "--run.seeds", "[0,1]", "--ckpt_path", "best"]) == 0
     assert run_training(["predict", *tiny, "--run.seeds", "[1]", "--ckpt_path", "last"]) == 0
     out = capsys.readouterr().out

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 import pytest
 import torch
+from lightning.fabric.utilities.seed import seed_everything
 
-from datamodules.base import BatchedTensorLoader, seeded_split
+import datamodules
+from datamodules.base import (
+    BatchedTensorLoader,
+    SplitsCache,
+    TensorDataModule,
+    run_seed_context,
+    seeded_split,
+    shared_splits,
+)
 from datamodules.digits import DigitsDataModule
 
 
@@ -76,3 +88,61 @@ def test_digits_split_is_disjoint_and_seeded() -> None:
     assert len(rows) >= 1790  # a few digits are pixel-identical duplicates in the original data
     x = dm.splits["train"][0]
     assert x.min() >= 0 and x.max() <= 1
+
+
+# --- seed-independent splits, shared by the seeds of a seed-parallel fit --------------------------------------
+def _declared_seed_independent() -> list[type[TensorDataModule]]:
+    for info in pkgutil.iter_modules(datamodules.__path__):
+        importlib.import_module(f"datamodules.{info.name}")
+    found, todo = set(), [TensorDataModule]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            found.add(sub)
+            todo.append(sub)
+    return sorted((c for c in found if c.__module__.startswith("datamodules.") and not c.splits_follow_run_seed),
+                  key=lambda c: c.__name__)
+
+
+def _built(cls: type[TensorDataModule], run_seed: int) -> dict[str, tuple[torch.Tensor, ...]]:
+    seed_everything(run_seed)  # what a plain run of that seed does first: global generators too
+    with run_seed_context(run_seed):
+        dm = cls()
+        dm.setup("fit")
+    assert dm.splits is not None
+    return dm.splits
+
+
+@pytest.mark.parametrize("cls", _declared_seed_independent(), ids=lambda c: c.__name__)
+def test_a_datamodule_declared_seed_independent_builds_the_same_splits_for_every_run_seed(cls: type) -> None:
+    first, other = _built(cls, 0), _built(cls, 7)
+    assert first.keys() == other.keys()
+    for name in first:
+        assert all(torch.equal(a, b) for a, b in zip(first[name], other[name], strict=True)), name
+
+
+class _Counted(TensorDataModule):
+    builds = 0
+
+    def build_splits(self) -> dict[str, tuple[torch.Tensor, ...]]:
+        type(self).builds += 1
+        x = torch.randn(8, 2)  # the global generator: follows the run seed
+        return {"train": (x,), "val": (x,), "test": (x,)}
+
+
+class _CountedFixed(_Counted):
+    splits_follow_run_seed = False
+
+
+def test_shared_splits_builds_seed_independent_data_once_and_the_rest_per_datamodule() -> None:
+    _Counted.builds = _CountedFixed.builds = 0
+    cache: SplitsCache = {}
+    with shared_splits(cache):
+        fixed = [_CountedFixed(), _CountedFixed()]
+        seeded = [_Counted(), _Counted()]
+        for dm in fixed + seeded:
+            dm.setup("fit")
+    assert fixed[0].splits is fixed[1].splits and _CountedFixed.builds == 1
+    assert seeded[0].splits is not seeded[1].splits and _Counted.builds == 2
+    alone = _CountedFixed()  # outside the context nothing is shared
+    alone.setup("fit")
+    assert alone.splits is not fixed[0].splits and _CountedFixed.builds == 2
