@@ -43,14 +43,13 @@ from errors import ConfigError, PaperlabError
 from modules.base import PaperTask
 from tracking.config_artifact import ConfigArtifact, method_name
 from tracking.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, default_tracking_uri
+from tracking.names import child_name, folder_name, instance_name, parent_name
 from tracking.run_registry import (
     PROCESS_TAG,
     RunRegistry,
     archive_previous,
     check_checkpoint_folder,
     close_orphaned_runs,
-    folder_name,
-    instance_name,
     latest_instance,
     mlflow_runs_named,
     next_instance,
@@ -434,7 +433,7 @@ class PaperlabCLI(LightningCLI):
     def _seed_trainer(self, trainer_config: dict[str, Any], kwargs: dict[str, Any]) -> L.Trainer:
         """The trainer of a seed-parallel fit: the parent run's logger (routing each seed's metrics to its
         child run), the per-seed outputs (``seed_parallel.outputs``), no callback that reads one model."""
-        from seed_parallel.outputs import SeedOutputs, SeedRunsLogger, child_name, parent_name
+        from seed_parallel.outputs import SeedOutputs, SeedRunsLogger
         from seed_parallel.stack import refusal
 
         user = list(trainer_config.get("callbacks") or []) + list(self._value(self.config_init, "diagnostics") or [])
@@ -498,7 +497,6 @@ class PaperlabCLI(LightningCLI):
     def _seed_group_folder(self) -> Path:
         """The folder of a seed-parallel fit as a whole (``<run name> seeds``): its resumable ``last.ckpt`` and
         its parent run's record; each seed's own files are in its run's folder."""
-        from seed_parallel.outputs import parent_name
 
         return self._folder(parent_name(self.run_name))
 
@@ -653,7 +651,6 @@ class PaperlabCLI(LightningCLI):
         this process: an evaluation is one pass over the data, nothing a stack would speed up. Each prints
         its summary; the exit code is the first failure's (130 at a Ctrl-C, which stops the rest)."""
         from cli_messages import run_training
-        from seed_parallel.outputs import child_name
 
         argv = [*without_option(self.argv, "run.seeds"), "--run.seeds", "null"]  # also over a config's run.seeds
         failed: list[tuple[int, int]] = []

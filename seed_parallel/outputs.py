@@ -41,14 +41,6 @@ _SEED_LINE = re.compile(r"^seed_everything: .*$", re.M)
 PARENT_ROLE = "parent"  # the value sweeps give the tag sweep.role of a sweep's parent run (compare skips those)
 
 
-def child_name(run_name: str, seed: int) -> str:
-    return f"{run_name} s{seed}"
-
-
-def parent_name(run_name: str) -> str:
-    return f"{run_name} seeds"
-
-
 class SeedRunsLogger(PaperlabMLFlowLogger):
     """The parent run's logger; ``s<seed>/<metric>`` goes to that seed's child run (see the module docstring).
 

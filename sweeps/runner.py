@@ -35,12 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from sweeps.spec import REPO, Point, SweepSpec, canonical, expand
+from tracking.names import RUN_FILE, folder_name, parent_name
 
 PARENT_ROLE = "parent"
 DONE_TAG = "sweep.done"
-# tracking.run_registry.RUN_FILE, read here without importing that module (it imports torch and Lightning,
-# which the runner's process does not need when its points run in workers)
-RUN_FILE = "mlflow_run.json"
 
 
 def _run_record(directory: Path) -> dict[str, Any] | None:
@@ -119,7 +117,7 @@ class SweepPlan:
     def group_dir(self, point: Point) -> Path:
         """The folder of the seed-parallel fit of a point's seeds (the CLI's ``<run name> seeds`` as a folder):
         its resumable ``last.ckpt``."""
-        return self.checkpoint_root / self.experiment / f"{self.group_name(point)}_seeds"
+        return self.checkpoint_root / self.experiment / folder_name(parent_name(self.group_name(point)))
 
     def log_file(self, point: Point) -> Path:
         """Where the commands of ``point`` write their output (one file per seed-parallel fit)."""

@@ -30,21 +30,10 @@ from lightning.pytorch.callbacks import Callback
 from errors import PaperlabError
 from tracking.figures import mlflow_logger
 from tracking.mlflow_logger import PaperlabMLFlowLogger
+from tracking.names import INSTANCE, RUN_FILE, folder_name, instance_name
 from tracking.uri import prepare_store, retry_locked
 
-RUN_FILE = "mlflow_run.json"
 LAST = "last.ckpt"
-INSTANCE = re.compile(r"^(?P<base>.+) #(?P<n>[0-9]+)$")
-
-
-def folder_name(run_name: str) -> str:
-    """A run name as a portable folder name (``yinyang lr=0.003 #2`` -> ``yinyang_lr=0.003_#2``)."""
-    return re.sub(r"[^A-Za-z0-9._,=+#\[\]-]+", "_", run_name).strip("_") or "run"
-
-
-def instance_name(base: str, n: int) -> str:
-    """The n-th run of a name: the name itself, then ``<name> #2``, ``<name> #3``, ..."""
-    return base if n == 1 else f"{base} #{n}"
 
 
 def _has_files(directory: Path) -> bool:
