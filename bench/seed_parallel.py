@@ -8,7 +8,8 @@ Both sides run end to end through the CLI (``cli_messages.run_training``, as ``p
 MLflow logging and checkpoints, in one fresh process per measurement (its own temporary folder and MLflow
 store, created before the clock starts): "sequential" is K plain fits ``--seed_everything s`` in that
 process, "vectorized" one fit with ``--run.seeds``. The ratio is sequential time / vectorized time (the same
-work, so the throughput ratio). Peak memory is the process's peak resident set (``ru_maxrss``).
+work, so the throughput ratio); the CPU time of each side (all its threads) is printed too, a steadier measure
+of the work than the wall time on a machine that other jobs share. Peak memory is the process's peak resident set (``ru_maxrss``).
 
 Cases (the issue's): ``mlp`` the reference yinyang MLP, 3 epochs of its 5,000 samples, batch 32;
 ``gpt`` weight drift's tiny GPT (``configs/weight_drift/tiny_gpt_text.yaml``) at 30 steps, validation at
@@ -49,6 +50,7 @@ def one(case: str, mode: str, k: int, extra: list[str]) -> dict[str, float]:
 
     prepare_store(os.environ["MLFLOW_TRACKING_URI"], None, writable=True)  # the store's tables: not timed
     seeds = list(range(k))
+    cpu_start = time.process_time()
     start = time.perf_counter()
     if mode == "sequential":
         for s in seeds:
@@ -56,7 +58,8 @@ def one(case: str, mode: str, k: int, extra: list[str]) -> dict[str, float]:
     else:
         assert run_training(["fit", *CASES[case], *extra, "--run.seeds", json.dumps(seeds), "--run.name", "stack"]) == 0
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"seconds": seconds, "cpu_seconds": time.process_time() - cpu_start,
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def measure(case: str, mode: str, k: int, extra: list[str]) -> dict[str, float]:
@@ -82,9 +85,10 @@ def main() -> None:
         for k in args.ks:
             seq, vec = measure(case, "sequential", k, extra), measure(case, "vectorized", k, extra)
             ratio = seq["seconds"] / vec["seconds"]
+            cpu_ratio = seq["cpu_seconds"] / vec["cpu_seconds"]
             print(f"{case} K={k}: vectorized/sequential throughput {ratio:.2f} (sequential {seq['seconds']:.1f} s, "
-                  f"vectorized {vec['seconds']:.1f} s; peak memory {seq['peak_mb']:.0f} MB / {vec['peak_mb']:.0f} MB)",
-                  flush=True)
+                  f"vectorized {vec['seconds']:.1f} s; CPU time {seq['cpu_seconds']:.1f} s / {vec['cpu_seconds']:.1f} s: "
+                  f"{cpu_ratio:.2f}; peak memory {seq['peak_mb']:.0f} MB / {vec['peak_mb']:.0f} MB)", flush=True)
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 
