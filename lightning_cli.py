@@ -34,6 +34,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from callbacks.best_metric import BestMetric
+from callbacks.bookkeeping import RunBookkeeping, find_callback
 from callbacks.checkpoints import BestCheckpoint, LastCheckpoint
 from callbacks.diagnostic import Diagnostic
 from callbacks.guards import FiniteLossGuard, InterruptCheckpoint
@@ -528,7 +529,18 @@ class PaperlabCLI(LightningCLI):
             kwargs["logger"] = self._make_logger()
         user = list(trainer_config.get("callbacks") or [])
         kwargs["callbacks"] = user + self._diagnostics(user) + self._project_callbacks(trainer_config, user)
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        self._fold_config_artifact(trainer)
+        return trainer
+
+    def _fold_config_artifact(self, trainer: L.Trainer) -> None:
+        """Move the ``ConfigArtifact`` LightningCLI appended to the trainer's callbacks into the run's
+        ``RunBookkeeping`` (it acts at setup only; as an entry of its own it costs a dispatch per hook)."""
+        bookkeeping = next((c for c in trainer.callbacks if isinstance(c, RunBookkeeping)), None)
+        artifact = next((c for c in trainer.callbacks if type(c) is ConfigArtifact), None)
+        if bookkeeping is not None and artifact is not None:
+            trainer.callbacks.remove(artifact)
+            bookkeeping.add(artifact)
 
     def _fresh_run_name(self, logged: bool) -> None:
         """A fresh fit of a taken name: ``--run.name`` is taken as given (a sweep finds its points by name and
@@ -711,7 +723,7 @@ class PaperlabCLI(LightningCLI):
             lines.append("  " + ", ".join(f"{m} {metrics[m]:.4g}" if m in metrics else f"{m} not logged"
                                           for m in first))
         monitor = self.model.monitor
-        best = next((c.best for c in trainer.callbacks if isinstance(c, BestMetric)), None)
+        best = getattr(find_callback(trainer.callbacks, BestMetric), "best", None)
         if stage == "fit" and monitor in metrics:
             lines.append(f"  {monitor}: last {metrics[monitor]:.4g}" + (f", best {best:.4g}" if best is not None else ""))
         if stage in ("validate", "test"):
@@ -785,7 +797,10 @@ class PaperlabCLI(LightningCLI):
         monitor = self.model.monitor
         mode = self.model.monitor_mode
         ckpt_dir = str(self.ckpt_dir)
-        out: list[Callback] = [RunRegistry(ckpt_dir), InterruptCheckpoint(ckpt_dir)]
+        # the callbacks without per-batch hooks are parts of one RunBookkeeping: one hook dispatch for all of them
+        # (callbacks/bookkeeping.py); the config artifact joins them once LightningCLI has made it
+        bookkeeping = RunBookkeeping([RunRegistry(ckpt_dir), InterruptCheckpoint(ckpt_dir)])
+        out: list[Callback] = [bookkeeping]
         if config.get("enable_progress_bar", True) is not False and importlib.util.find_spec("rich") is not None \
                 and not any(isinstance(c, ProgressBar) for c in user):
             out.append(PaperlabProgressBar())
@@ -798,9 +813,9 @@ class PaperlabCLI(LightningCLI):
             out += [BestCheckpoint(ckpt_dir, monitor=monitor, mode=mode),
                     LastCheckpoint(ckpt_dir, min_interval_s=run.checkpoint_interval_s, every_s=run.checkpoint_every_s)]
         if monitor and not any(isinstance(c, BestMetric) for c in user):
-            out.append(BestMetric(monitor=monitor, mode=mode))
+            bookkeeping.add(BestMetric(monitor=monitor, mode=mode))
         if self._value(self.config, "run").system_metrics:
-            out.append(SystemMetrics())
+            bookkeeping.add(SystemMetrics())
         if (self.subcommand or "fit") == "predict":
             out.append(PredictionWriter(ckpt_dir))
         return out
