@@ -29,7 +29,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, Checkpoint, ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import Callback, Checkpoint, ModelSummary, ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
@@ -530,17 +530,21 @@ class PaperlabCLI(LightningCLI):
         user = list(trainer_config.get("callbacks") or [])
         kwargs["callbacks"] = user + self._diagnostics(user) + self._project_callbacks(trainer_config, user)
         trainer = super().instantiate_trainer(**kwargs)
-        self._fold_config_artifact(trainer)
+        self._fold_added_callbacks(trainer, user)
         return trainer
 
-    def _fold_config_artifact(self, trainer: L.Trainer) -> None:
-        """Move the ``ConfigArtifact`` LightningCLI appended to the trainer's callbacks into the run's
-        ``RunBookkeeping`` (it acts at setup only; as an entry of its own it costs a dispatch per hook)."""
+    @staticmethod
+    def _fold_added_callbacks(trainer: L.Trainer, user: list[Callback]) -> None:
+        """Move the callbacks LightningCLI and the Trainer added themselves, the ``ConfigArtifact`` (setup only)
+        and Lightning's default ``ModelSummary`` (fit start only), into the run's ``RunBookkeeping``: as entries
+        of their own they would cost a dispatch per hook (callbacks/bookkeeping.py). A user's own are kept."""
         bookkeeping = next((c for c in trainer.callbacks if isinstance(c, RunBookkeeping)), None)
-        artifact = next((c for c in trainer.callbacks if type(c) is ConfigArtifact), None)
-        if bookkeeping is not None and artifact is not None:
-            trainer.callbacks.remove(artifact)
-            bookkeeping.add(artifact)
+        if bookkeeping is None:
+            return
+        for callback in [c for c in trainer.callbacks if isinstance(c, ConfigArtifact | ModelSummary)]:
+            if not any(callback is u for u in user):
+                trainer.callbacks.remove(callback)
+                bookkeeping.add(callback)
 
     def _fresh_run_name(self, logged: bool) -> None:
         """A fresh fit of a taken name: ``--run.name`` is taken as given (a sweep finds its points by name and
@@ -798,7 +802,8 @@ class PaperlabCLI(LightningCLI):
         mode = self.model.monitor_mode
         ckpt_dir = str(self.ckpt_dir)
         # the callbacks without per-batch hooks are parts of one RunBookkeeping: one hook dispatch for all of them
-        # (callbacks/bookkeeping.py); the config artifact joins them once LightningCLI has made it
+        # (callbacks/bookkeeping.py); the config artifact and the model summary join them once the CLI and the
+        # Trainer have made them (_fold_added_callbacks)
         bookkeeping = RunBookkeeping([RunRegistry(ckpt_dir), InterruptCheckpoint(ckpt_dir)])
         out: list[Callback] = [bookkeeping]
         if config.get("enable_progress_bar", True) is not False and importlib.util.find_spec("rich") is not None \

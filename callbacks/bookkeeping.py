@@ -57,6 +57,10 @@ def per_batch_hooks(callback: Callback) -> list[str]:
     return [name for name in PER_BATCH_HOOKS if getattr(type(callback), name) is not getattr(Callback, name)]
 
 
+def _stateful(callback: Callback) -> bool:
+    return type(callback).state_dict is not Callback.state_dict
+
+
 def find_callback(callbacks: Iterable[Callback], kind: type[C]) -> C | None:
     """The first callback of type ``kind`` in ``callbacks``, looking into ``RunBookkeeping`` parts too."""
     for callback in callbacks:
@@ -84,7 +88,7 @@ class RunBookkeeping(Callback):
 
     def add(self, part: Callback) -> None:
         """Append ``part``; a ``TypeError`` if it overrides a per-batch hook, is one of the callbacks Lightning
-        finds by type, is a ``RunBookkeeping`` itself, or shares a part's ``state_key``."""
+        finds by type, is a ``RunBookkeeping`` itself, or has state under a stateful part's ``state_key``."""
         name = type(part).__name__
         if isinstance(part, (RunBookkeeping, *_SPECIAL)):
             raise TypeError(f"RunBookkeeping cannot hold {name}: put it in trainer.callbacks itself")
@@ -92,8 +96,9 @@ class RunBookkeeping(Callback):
         if stepped:
             raise TypeError(f"RunBookkeeping cannot hold {name}: it overrides the per-batch hooks {stepped}; put it "
                             "in trainer.callbacks itself")
-        if any(p.state_key == part.state_key for p in self.parts):
-            raise TypeError(f"RunBookkeeping holds a callback with the state key {part.state_key!r} already")
+        if _stateful(part) and any(_stateful(p) and p.state_key == part.state_key for p in self.parts):
+            # as Lightning refuses two stateful callbacks of one key: one state would overwrite the other
+            raise TypeError(f"RunBookkeeping holds a stateful callback with the state key {part.state_key!r} already")
         self.parts.append(part)
         for hook, hooked in self._hooked.items():
             if getattr(type(part), hook) is not getattr(Callback, hook):
