@@ -228,6 +228,13 @@ class BestCheckpoint(ModelCheckpoint):
         value, best = float(current), float(self.kth_value)
         return not (value > best if self.mode == "max" else value < best)
 
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # ModelCheckpoint's per-step check saves on every_n_train_steps or train_time_interval, neither of which
+        # this callback has (0 and None): it always returns, after 2-4 us of tests, every step
+        return None
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._kept_best(trainer):
             super().on_train_epoch_end(trainer, pl_module)
