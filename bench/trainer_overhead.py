@@ -23,6 +23,8 @@ the development machine is shared, so run it when it is quiet (or at ``nice -n -
 
 ``--breakdown`` prints, instead of the ratios, where the difference goes: every hook's time per fit in both
 stacks, from Lightning's ``SimpleProfiler`` (``python bench/trainer_overhead.py --breakdown --cases mlp-b150``).
+``--fold-ab`` runs the paperlab stack against itself with ``RunBookkeeping``'s parts unfolded into entries of
+their own (the stack before 2026-12-03), alternated in one process: the median step and fit of each.
 """
 
 from __future__ import annotations
