@@ -22,8 +22,8 @@ fit on one process or DDP when the strategy writes with Lightning's default ``To
   that step ends: one handed over at an epoch end is on disk before the second step of the next epoch
   starts, so an interrupt loses what it lost before (at most ``every_s`` seconds, one epoch, or
   ``min_interval_s``). A weights-only best checkpoint resumes nothing: its write runs behind the next
-  steps and is awaited when the next checkpoint is handed over (so at most one copy of the weights waits
-  in memory), when a resumable one is awaited (writes are in order) and when training ends; until it is on
+  steps and is awaited when the next checkpoint is handed over (at most two writes wait at a time, so
+  copies of the weights never pile up), when a resumable one is awaited (writes are in order) and when training ends; until it is on
   disk the previous best file stays, since the removal of an older best file is queued behind the new one's
   write. Training end and failures wait for every write.
 - the MLflow metrics that are not yet in the store (``PaperlabMLFlowLogger.unflushed``) travel in every full
