@@ -29,11 +29,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, Checkpoint, ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import Callback, Checkpoint, ModelSummary, ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from callbacks.best_metric import BestMetric
+from callbacks.bookkeeping import RunBookkeeping, find_callback
 from callbacks.checkpoints import BestCheckpoint, LastCheckpoint
 from callbacks.diagnostic import Diagnostic
 from callbacks.guards import FiniteLossGuard, InterruptCheckpoint
@@ -526,7 +527,22 @@ class PaperlabCLI(LightningCLI):
             kwargs["logger"] = self._make_logger()
         user = list(trainer_config.get("callbacks") or [])
         kwargs["callbacks"] = user + self._diagnostics(user) + self._project_callbacks(trainer_config, user)
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        self._fold_added_callbacks(trainer, user)
+        return trainer
+
+    @staticmethod
+    def _fold_added_callbacks(trainer: L.Trainer, user: list[Callback]) -> None:
+        """Move the callbacks LightningCLI and the Trainer added themselves, the ``ConfigArtifact`` (setup only)
+        and Lightning's default ``ModelSummary`` (fit start only), into the run's ``RunBookkeeping``: as entries
+        of their own they would cost a dispatch per hook (callbacks/bookkeeping.py). A user's own are kept."""
+        bookkeeping = next((c for c in trainer.callbacks if isinstance(c, RunBookkeeping)), None)
+        if bookkeeping is None:
+            return
+        for callback in [c for c in trainer.callbacks if isinstance(c, ConfigArtifact | ModelSummary)]:
+            if not any(callback is u for u in user):
+                trainer.callbacks.remove(callback)
+                bookkeeping.add(callback)
 
     def _fresh_run_name(self, logged: bool) -> None:
         """A fresh fit of a taken name: ``--run.name`` is taken as given (a sweep finds its points by name and
@@ -708,7 +724,7 @@ class PaperlabCLI(LightningCLI):
             lines.append("  " + ", ".join(f"{m} {metrics[m]:.4g}" if m in metrics else f"{m} not logged"
                                           for m in first))
         monitor = self.model.monitor
-        best = next((c.best for c in trainer.callbacks if isinstance(c, BestMetric)), None)
+        best = getattr(find_callback(trainer.callbacks, BestMetric), "best", None)
         if stage == "fit" and monitor in metrics:
             lines.append(f"  {monitor}: last {metrics[monitor]:.4g}" + (f", best {best:.4g}" if best is not None else ""))
         if stage in ("validate", "test"):
@@ -782,7 +798,11 @@ class PaperlabCLI(LightningCLI):
         monitor = self.model.monitor
         mode = self.model.monitor_mode
         ckpt_dir = str(self.ckpt_dir)
-        out: list[Callback] = [RunRegistry(ckpt_dir), InterruptCheckpoint(ckpt_dir)]
+        # the callbacks without per-batch hooks are parts of one RunBookkeeping: one hook dispatch for all of them
+        # (callbacks/bookkeeping.py); the config artifact and the model summary join them once the CLI and the
+        # Trainer have made them (_fold_added_callbacks)
+        bookkeeping = RunBookkeeping([RunRegistry(ckpt_dir), InterruptCheckpoint(ckpt_dir)])
+        out: list[Callback] = [bookkeeping]
         if config.get("enable_progress_bar", True) is not False and importlib.util.find_spec("rich") is not None \
                 and not any(isinstance(c, ProgressBar) for c in user):
             out.append(PaperlabProgressBar())
@@ -795,9 +815,9 @@ class PaperlabCLI(LightningCLI):
             out += [BestCheckpoint(ckpt_dir, monitor=monitor, mode=mode),
                     LastCheckpoint(ckpt_dir, min_interval_s=run.checkpoint_interval_s, every_s=run.checkpoint_every_s)]
         if monitor and not any(isinstance(c, BestMetric) for c in user):
-            out.append(BestMetric(monitor=monitor, mode=mode))
+            bookkeeping.add(BestMetric(monitor=monitor, mode=mode))
         if self._value(self.config, "run").system_metrics:
-            out.append(SystemMetrics())
+            bookkeeping.add(SystemMetrics())
         if (self.subcommand or "fit") == "predict":
             out.append(PredictionWriter(ckpt_dir))
         return out

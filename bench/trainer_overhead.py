@@ -23,6 +23,8 @@ the development machine is shared, so run it when it is quiet (or at ``nice -n -
 
 ``--breakdown`` prints, instead of the ratios, where the difference goes: every hook's time per fit in both
 stacks, from Lightning's ``SimpleProfiler`` (``python bench/trainer_overhead.py --breakdown --cases mlp-b150``).
+``--fold-ab`` runs the paperlab stack against itself with ``RunBookkeeping``'s parts unfolded into entries of
+their own (the stack before 2026-12-03), alternated in one process: the median step and fit of each.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from lightning.pytorch.profilers import Profiler, SimpleProfiler
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from callbacks.bookkeeping import RunBookkeeping  # noqa: E402
 from datamodules.text import CharTextDataModule  # noqa: E402
 from datamodules.yinyang import YinYangDataModule  # noqa: E402
 from lightning_cli import PaperlabCLI  # noqa: E402
@@ -194,7 +197,7 @@ def bare_lightning(
 
 
 def paperlab_stack(
-    case: Case, workdir: Path, run: int, n_train: int, profiler: Profiler | None = None
+    case: Case, workdir: Path, run: int, n_train: int, profiler: Profiler | None = None, unfold: bool = False
 ) -> tuple[float, Timer]:
     os.chdir(workdir)
     limits = [a for k, v in _limits(case).items() for a in (f"--trainer.{k}", str(v))]
@@ -206,6 +209,10 @@ def paperlab_stack(
               "--run.name", f"bench-{case.name}-{run}", "--trainer.callbacks", "[]", *limits],
         run=False,
     )
+    if unfold:  # RunBookkeeping's parts as entries of their own, as before 2026-12-03 (--fold-ab)
+        callbacks = cli.trainer.callbacks
+        i = next(i for i, c in enumerate(callbacks) if isinstance(c, RunBookkeeping))
+        callbacks[i:i + 1] = callbacks[i].parts
     timer = Timer()
     cli.trainer.callbacks.append(timer)
     if profiler is not None:  # a chosen profiler is kept by the project's callbacks (callbacks/profiler.py)
@@ -240,6 +247,24 @@ def breakdown(case: Case, dm: L.LightningDataModule, workdir: Path, n_train: int
         print(f"  {b:8.1f} {p:8.1f} {p - b:+8.1f}  {action}")
 
 
+def fold_ab(case: Case, workdir: Path, n_train: int, repeats: int) -> None:
+    """The paperlab stack as it is against the same stack with ``RunBookkeeping``'s parts unfolded into
+    entries of their own, alternated in one process: what the fold saves, without the noise of two trees."""
+    steps: dict[bool, list[float]] = {False: [], True: []}
+    fits: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(repeats):
+        for unfold in ((False, True) if r % 2 == 0 else (True, False)):
+            _, timer = paperlab_stack(case, workdir, 2000 + 2 * r + unfold, n_train, unfold=unfold)
+            steps[unfold] += timer.steps
+            fits[unfold].append(timer.end - timer.start)
+    med = {u: 1e6 * statistics.median(v) for u, v in steps.items()}
+    fit = {u: 1e3 * statistics.median(v) for u, v in fits.items()}
+    print(f"{case.name}: median step folded {med[False]:.1f} us, unfolded {med[True]:.1f} us "
+          f"({med[True] - med[False]:+.1f} us); median fit {fit[False]:.1f} / {fit[True]:.1f} ms; "
+          f"unfolded/folded time {statistics.median(b / a for a, b in zip(fits[False], fits[True], strict=True)):.3f}",
+          flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -247,6 +272,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--breakdown", action="store_true",
                         help="instead of the ratios: each stack's time per hook (Lightning's SimpleProfiler)")
+    parser.add_argument("--fold-ab", action="store_true",
+                        help="instead of the ratios: the paperlab stack against itself with RunBookkeeping unfolded")
     args = parser.parse_args()
     sys.argv = sys.argv[:1]  # the CLI gets its arguments from `args=`; Lightning warns when argv has others
     torch.set_num_threads(args.threads)
@@ -263,6 +290,9 @@ def main() -> None:
         n_train = len(splits["train"][0])
         if args.breakdown:
             breakdown(case, dm, workdir, n_train, args.repeats)
+            continue
+        if args.fold_ab:
+            fold_ab(case, workdir, n_train, args.repeats)
             continue
         vs_plain, vs_bare, gaps_bare, gaps_ours, steps_bare, steps_ours = [], [], [], [], [], []
         for r in range(args.repeats):

@@ -18,10 +18,14 @@ fit on one process or DDP when the strategy writes with Lightning's default ``To
   does, with a cheaper walk of the checkpoint); one writer thread serialises it into a temporary file in the
   checkpoint's folder and renames it over the target (``os.replace``, ``AtomicCheckpointIO``). A kill -9 at any moment leaves the previous complete file
   or the new complete file, never a part of one; a temporary file it leaves behind is never read.
-- the write overlaps the next training step and is awaited when that step ends: a checkpoint handed over
-  at an epoch end is on disk before the second step of the next epoch starts, so an interrupt loses what
-  it lost before (at most ``every_s`` seconds, one epoch, or ``min_interval_s``). The removal of an older
-  best file is queued behind the new one's write. Training end and failures wait for every write.
+- the write of a resumable checkpoint (``last.ckpt``) overlaps the next training step and is awaited when
+  that step ends: one handed over at an epoch end is on disk before the second step of the next epoch
+  starts, so an interrupt loses what it lost before (at most ``every_s`` seconds, one epoch, or
+  ``min_interval_s``). A weights-only best checkpoint resumes nothing: its write runs behind the next
+  steps and is awaited when the next checkpoint is handed over (at most two writes wait at a time, so
+  copies of the weights never pile up), when a resumable one is awaited (writes are in order) and when training ends; until it is on
+  disk the previous best file stays, since the removal of an older best file is queued behind the new one's
+  write. Training end and failures wait for every write.
 - the MLflow metrics that are not yet in the store (``PaperlabMLFlowLogger.unflushed``) travel in every full
   checkpoint and are handed back to the logger on resume (``replay``; pairs the store has are not written
   twice). So a save needs no metrics flush (a sqlite commit: 10-50 ms), the logger flushes on its own
@@ -141,6 +145,8 @@ class BackgroundCheckpointIO(CheckpointIO):
         self.checkpoint_io = AtomicCheckpointIO()
         self._executor: ThreadPoolExecutor | None = None
         self._queued: list[Future] = []
+        self._resumable_queued = False  # a full (resumable) checkpoint is among the queued: wait_resumable waits
+        self._saves: list[Future] = []  # the writes among them (not the removals)
 
     def _submit(self, fn: Any, *args: Any) -> None:
         self._raise_failed()  # an earlier write's error surfaces on the training thread, as soon as it is known
@@ -149,13 +155,22 @@ class BackgroundCheckpointIO(CheckpointIO):
         self._queued.append(self._executor.submit(fn, *args))
 
     def _raise_failed(self) -> None:
-        for i, future in enumerate(self._queued):
-            if future.done() and future.exception() is not None:
-                del self._queued[i]  # raised once
-                raise future.exception()  # type: ignore[misc]
+        """Raise the error of the first write that has failed already (once); forget those done without one."""
+        failed = next((f for f in self._queued if f.done() and f.exception() is not None), None)
+        self._queued = [f for f in self._queued if not f.done() or (f.exception() is not None and f is not failed)]
+        if failed is not None:
+            raise failed.exception()  # type: ignore[misc]
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        # copies of the weights never pile up: with two writes still unfinished (epochs shorter than a write)
+        # the next is handed over once they are done (an epoch end hands over the best and last.ckpt together)
+        self._saves = [f for f in self._saves if not f.done()]
+        if len(self._saves) >= 2:
+            self.wait()
         self._submit(self.checkpoint_io.save_checkpoint, _snapshot(checkpoint), path, storage_options)
+        self._saves.append(self._queued[-1])
+        # Lightning's full dump has the optimizers' states, a weights-only one (the best epoch's) has not
+        self._resumable_queued |= "optimizer_states" in checkpoint
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
         self.wait()  # a file being written is read once it is complete
@@ -164,8 +179,20 @@ class BackgroundCheckpointIO(CheckpointIO):
     def remove_checkpoint(self, path: Any) -> None:
         self._submit(self.checkpoint_io.remove_checkpoint, path)
 
+    def wait_resumable(self) -> None:
+        """``wait`` when a resumable checkpoint is among those handed over (and with it, in order, every
+        earlier one); otherwise only raise the error of a write that has failed already. A weights-only
+        checkpoint resumes nothing: its write goes on behind the training steps until the next save, the next
+        resumable one or the end of training waits for it (docs/benchmarks.md, "Trainer overhead")."""
+        if self._resumable_queued:
+            self.wait()
+        elif self._queued:
+            self._raise_failed()
+
     def wait(self) -> None:
         """Return once everything handed over is done (written, removed); raise what the first failure raised."""
+        self._resumable_queued = False
+        self._saves = []
         if not self._queued:
             return
         queued, self._queued = self._queued, []
@@ -227,6 +254,13 @@ class BestCheckpoint(ModelCheckpoint):
             return False  # Lightning's own message for a missing monitor
         value, best = float(current), float(self.kth_value)
         return not (value > best if self.mode == "max" else value < best)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # ModelCheckpoint's per-step check saves on every_n_train_steps or train_time_interval, neither of which
+        # this callback has (0 and None): it always returns, after 2-4 us of tests, every step
+        return None
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._kept_best(trainer):
@@ -318,7 +352,7 @@ class LastCheckpoint(Checkpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._io is not None:
-            self._io.wait()  # what was handed over before this step (last, best) is on disk: see the docstring
+            self._io.wait_resumable()  # a last.ckpt handed over before this step is on disk: see the docstring
         if not self._resumable or (trainer.world_size > 1 and batch_idx % 50):
             return  # under DDP the clock is agreed on every 50th batch: a collective per step would cost
         if self._agreed(trainer, self._elapsed() >= self.every_s):

@@ -175,6 +175,57 @@ def test_background_writes_copy_at_hand_over_keep_order_and_raise_a_failure_once
     io.teardown()
 
 
+def test_per_step_only_a_resumable_checkpoint_is_awaited_and_at_most_two_writes_wait(tmp_path):
+    import threading
+    import time
+
+    from callbacks.checkpoints import AtomicCheckpointIO, BackgroundCheckpointIO
+
+    gate, written = threading.Event(), []
+
+    class Held(AtomicCheckpointIO):  # the writer thread holds each write until the gate opens
+        def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+            gate.wait(timeout=10)
+            written.append(Path(path).name)
+
+    io = BackgroundCheckpointIO()
+    io.checkpoint_io = Held()
+    weights, full = {"state_dict": {"w": torch.zeros(2)}}, {"state_dict": {}, "optimizer_states": []}
+    io.save_checkpoint(weights, tmp_path / "best-epoch000.ckpt")
+    io.wait_resumable()  # returns while the write is held: a weights-only checkpoint resumes nothing
+    assert written == []
+    io.save_checkpoint(full, tmp_path / "last.ckpt")
+    threading.Timer(0.2, gate.set).start()
+    io.wait_resumable()  # last.ckpt is on disk after this, and (in order) the best handed over before it
+    assert written == ["best-epoch000.ckpt", "last.ckpt"]
+
+    gate.clear()
+    io.save_checkpoint(weights, tmp_path / "a.ckpt")
+    io.save_checkpoint(weights, tmp_path / "b.ckpt")
+    threading.Timer(0.2, gate.set).start()
+    io.save_checkpoint(weights, tmp_path / "c.ckpt")  # two writes unfinished: handed over once they are done
+    assert written[2:4] == ["a.ckpt", "b.ckpt"]
+    io.wait()
+    assert written[4:] == ["c.ckpt"]
+
+    class Failing(AtomicCheckpointIO):
+        def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+            raise OSError("disk gone")
+
+    io.checkpoint_io = Failing()
+    io.save_checkpoint(weights, tmp_path / "d.ckpt")
+    for _ in range(500):  # a weights-only write's failure is raised at the first per-step check after it
+        try:
+            io.wait_resumable()
+        except OSError:
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError("the failed write was never raised")
+    io.wait_resumable()  # raised once
+    io.teardown()
+
+
 def _write_until_killed(path: str) -> None:
     """A checkpoint of 24 MB, rewritten until the process is killed."""
     from callbacks.checkpoints import AtomicCheckpointIO
