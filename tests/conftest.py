@@ -61,15 +61,23 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if "hub_offline" in needed:  # the same for the hub libraries that fixture imports (about a second)
         import datasets.config  # noqa: F401
         import huggingface_hub.constants  # noqa: F401
-    # The two helper processes start now and get ready in the background while the first tests run (the suite
-    # itself runs on one core): the MLflow server (~10 s of CPU before it answers) and the fork server of
-    # tests.helpers.forked (~7 s of imports). Their fixtures wait for them where a test needs them.
-    if "mlflow_ui" in needed:
-        session.config.stash[_UI] = _UIProcess(session.config.stash[_TEMPLATE])
-    if "fork_server" in needed:
+    if "fork_server" in needed:  # the fork server of tests.helpers.forked: ~7 s of imports, once
         from tests.helpers import start_fork_server
 
-        start_fork_server()
+        start_fork_server(wait=True)
+    if "mlflow_ui" in needed:
+        # The MLflow server (~10 s of CPU before it answers) starts in the background with the first test of
+        # the folder of its first user (tests/sweeps/ in the whole suite: a minute of sweep tests, billed to no
+        # method, runs while it gets ready on the other core); its fixture waits for it there.
+        first = next(item for item in session.items if "mlflow_ui" in item.fixturenames)
+        start = next(item for item in session.items if item.path.parent == first.path.parent)
+        session.config.stash[_UI_START] = start.nodeid
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.nodeid == item.config.stash.get(_UI_START, None) and _UI not in item.config.stash:
+        item.config.stash[_UI] = _UIProcess(item.config.stash[_TEMPLATE])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -132,12 +140,13 @@ class _UIProcess:
 
 
 _UI = pytest.StashKey[_UIProcess]()
+_UI_START = pytest.StashKey[str]()  # the test with which the server starts
 
 
 @pytest.fixture(scope="session")
 def mlflow_ui(request: pytest.FixtureRequest, _migrated_mlflow_db: Path) -> Iterator[MlflowUI]:
-    """One MLflow server for the session (starting one costs ~10 s of CPU, so it is started when collection is
-    done, in the background): the ``ui`` command's test reads what it printed, the tracking-server test logs a
+    """One MLflow server for the session (starting one costs ~10 s of CPU, so it is started in the background a
+    folder's tests ahead, ``pytest_collection_finish``): the ``ui`` command's test reads what it printed, the tracking-server test logs a
     fit and a sweep to it. Each test uses its own experiment. At the end the command is stopped as a ``timeout``
     stops it (SIGTERM), and nothing may be left listening."""
     from tests.helpers import MlflowUI

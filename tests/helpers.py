@@ -59,17 +59,21 @@ def run_main(args: list[str], cwd: Path, env: dict[str, str] | None = None, time
 _FORK_PRELOAD = ["main", "lightning_cli", "mlflow", "mlflow.store.tracking.sqlalchemy_store", "tests.helpers"]
 
 
-def start_fork_server() -> Any:
-    """Start this process's fork server if it is not running, and return the ``forkserver`` context. It returns
-    at once: the server imports ``_FORK_PRELOAD`` (about 7 s of CPU) in its own process, and the first fork
-    waits for that. ``tests/conftest.py`` calls it when collection is done, so that those imports overlap the
-    first tests instead of being billed to whichever test forks first."""
+def start_fork_server(wait: bool = False) -> Any:
+    """Start this process's fork server if it is not running, and return the ``forkserver`` context. The server
+    imports ``_FORK_PRELOAD`` (about 7 s of CPU) in its own process and the first fork waits for that; with
+    ``wait``, this does (``tests/conftest.py`` starts it so when collection is done: session set-up, not a cost
+    of whichever test forks first)."""
     import multiprocessing
     import multiprocessing.forkserver
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(_FORK_PRELOAD)  # no effect once this process's fork server runs
     multiprocessing.forkserver.ensure_running()
+    if wait:  # a first child is forked once the server has its imports
+        proc = ctx.Process(target=os.getpid)
+        proc.start()
+        proc.join()
     return ctx
 
 
