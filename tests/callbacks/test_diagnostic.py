@@ -134,7 +134,8 @@ def _smoke(method: str) -> list[str]:
 # (preset, experiment, overrides, the diagnostics the preset must add there). Each case runs at its method's
 # smoke size where the method has one (tests/conf/<method>.yaml, as in its smoke fit; its own diagnostics keep
 # the experiment's settings): the full-size piece count and piece maps of causal pieces, BVPO's evaluation
-# batches of 100 prompts and the 1.5M-character corpus of the tiny GPT were most of these cases' time.
+# batches of 100 prompts and the 1.5M-character corpus of the tiny GPT (max_chars 100k: the 465k characters of the
+# pydoc topics, which the corpus always holds whole) were most of these cases' time.
 # economy runs on an experiment without diagnostics of its own, so that both of its diagnostics run (on the
 # tiny GPT, which configures both, the preset added nothing); full on the tiny GPT checks that a preset's
 # diagnostic the experiment configures keeps the experiment's settings.
