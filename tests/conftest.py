@@ -67,11 +67,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         start_fork_server(wait=True)
     if "mlflow_ui" in needed:
         # The MLflow server (~10 s of CPU before it answers) starts in the background with the first test of
-        # the folder of its first user (tests/sweeps/ in the whole suite: a minute of sweep tests, billed to no
-        # method, runs while it gets ready on the other core); its fixture waits for it there.
-        first = next(item for item in session.items if "mlflow_ui" in item.fixturenames)
-        start = next(item for item in session.items if item.path.parent == first.path.parent)
-        session.config.stash[_UI_START] = start.nodeid
+        # the test file before its first user's (in the whole suite tests/sweeps/test_spec.py: about 10 s of
+        # in-process parsing in one process, billed to no method, runs while it gets ready on the other core;
+        # the file before, test_runner.py, runs sweeps on two workers); its fixture waits for it there.
+        items = session.items
+        start = _first_of_file(items, next(i for i, item in enumerate(items) if "mlflow_ui" in item.fixturenames))
+        if start > 0:
+            start = _first_of_file(items, start - 1)
+        session.config.stash[_UI_START] = items[start].nodeid
+
+
+def _first_of_file(items: list[pytest.Item], i: int) -> int:
+    """The index of the first collected test of ``items[i]``'s file."""
+    while i > 0 and items[i - 1].path == items[i].path:
+        i -= 1
+    return i
 
 
 @pytest.hookimpl(tryfirst=True)
