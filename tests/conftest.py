@@ -61,9 +61,40 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if "hub_offline" in needed:  # the same for the hub libraries that fixture imports (about a second)
         import datasets.config  # noqa: F401
         import huggingface_hub.constants  # noqa: F401
+    if "fork_server" in needed:  # the fork server of tests.helpers.forked: ~7 s of imports, once
+        from tests.helpers import start_fork_server
+
+        start_fork_server(wait=True)
+    if "mlflow_ui" in needed:
+        # The MLflow server (~10 s of CPU before it answers) starts in the background with the first test of
+        # the test file before its first user's (in the whole suite tests/sweeps/test_spec.py: about 10 s of
+        # in-process parsing in one process, billed to no method, runs while it gets ready on the other core;
+        # the file before, test_runner.py, runs sweeps on two workers); its fixture waits for it there.
+        items = session.items
+        start = _first_of_file(items, next(i for i, item in enumerate(items) if "mlflow_ui" in item.fixturenames))
+        if start > 0:
+            start = _first_of_file(items, start - 1)
+        session.config.stash[_UI_START] = items[start].nodeid
+
+
+def _first_of_file(items: list[pytest.Item], i: int) -> int:
+    """The index of the first collected test of ``items[i]``'s file."""
+    while i > 0 and items[i - 1].path == items[i].path:
+        i -= 1
+    return i
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.nodeid == item.config.stash.get(_UI_START, None) and _UI not in item.config.stash:
+        item.config.stash[_UI] = _UIProcess(item.config.stash[_TEMPLATE])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    ui = config.stash.get(_UI, None)
+    if ui is not None:  # started for a test that did not run (deselected by -x, -k after collection)
+        ui.stop()
+        shutil.rmtree(ui.root, ignore_errors=True)
     template = config.stash.get(_TEMPLATE, None)
     if template is not None:
         shutil.rmtree(template.parent, ignore_errors=True)
@@ -80,41 +111,77 @@ def _migrated_mlflow_db(request: pytest.FixtureRequest, tmp_path_factory: pytest
 UI_STARTUP_TIMEOUT = 180.0  # seconds; the server answers /health after ~10 s on an idle 2-core machine
 
 
-@pytest.fixture(scope="session")
-def mlflow_ui(tmp_path_factory: pytest.TempPathFactory, _migrated_mlflow_db: Path) -> Iterator[MlflowUI]:
-    """One MLflow server for the session (starting one costs ~10 s of CPU): the ``ui`` command's test reads what
-    it printed, the tracking-server test logs a fit and a sweep to it. Each test uses its own experiment. At the
-    end the command is stopped as a ``timeout`` stops it (SIGTERM), and nothing may be left listening."""
-    from tests.helpers import MlflowUI, store_with_a_run
+class _UIProcess:
+    """``python main.py ui`` serving a copy of the migrated store (one FINISHED run in it), started at once; its
+    output goes to a file (a pipe nobody reads would block the server once its logs fill it)."""
 
-    root = tmp_path_factory.mktemp("mlflow-ui")
-    db, artifacts, log_path = root / "mlflow.db", root / "artifacts", root / "ui.log"
-    shutil.copy(_migrated_mlflow_db, db)
-    artifacts.mkdir()
-    store_uri, experiment_id = store_with_a_run(db, "ui_links")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store_uri, "MLFLOW_ARTIFACTS_DESTINATION": str(artifacts),
-           "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    # its output goes to a file: a pipe nobody reads would block the server once its logs fill it
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, str(REPO / "main.py"), "ui", "--port", str(port)], cwd=root,
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
+    def __init__(self, template: Path) -> None:
+        from tests.helpers import store_with_a_run
+
+        self.root = Path(tempfile.mkdtemp(prefix="paperlab-mlflow-ui-"))
+        db, self.artifacts, self.log_path = self.root / "mlflow.db", self.root / "artifacts", self.root / "ui.log"
+        shutil.copy(template, db)
+        self.artifacts.mkdir()
+        self.store_uri, self.experiment_id = store_with_a_run(db, "ui_links")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        env = {**os.environ, "MLFLOW_TRACKING_URI": self.store_uri, "MLFLOW_ARTIFACTS_DESTINATION": str(self.artifacts),
+               "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, str(REPO / "main.py"), "ui", "--port", str(self.port)],
+                                         cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_for_links(self) -> str:
+        """What the command printed once the server answered /health (it prints the links then)."""
         deadline = time.monotonic() + UI_STARTUP_TIMEOUT
-        while "/#/experiments/" not in log_path.read_text():  # the links come once the server answers /health
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"python main.py ui did not print its links (exit code {proc.poll()}):\n"
-                            + log_path.read_text()[-3000:])
+        while "/#/experiments/" not in self.log_path.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"python main.py ui did not print its links (exit code {self.proc.poll()}):\n"
+                            + self.log_path.read_text()[-3000:])
             time.sleep(0.2)
-        yield MlflowUI(f"http://127.0.0.1:{port}", port, store_uri, artifacts, experiment_id, log_path.read_text())
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        """Stop the command as a ``timeout`` stops it (SIGTERM): it stops the server it started."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+_UI = pytest.StashKey[_UIProcess]()
+_UI_START = pytest.StashKey[str]()  # the test with which the server starts
+
+
+@pytest.fixture(scope="session")
+def mlflow_ui(request: pytest.FixtureRequest, _migrated_mlflow_db: Path) -> Iterator[MlflowUI]:
+    """One MLflow server for the session (starting one costs ~10 s of CPU, so it is started in the background a
+    folder's tests ahead, ``pytest_collection_finish``): the ``ui`` command's test reads what it printed, the tracking-server test logs a
+    fit and a sweep to it. Each test uses its own experiment. At the end the command is stopped as a ``timeout``
+    stops it (SIGTERM), and nothing may be left listening."""
+    from tests.helpers import MlflowUI
+
+    ui = request.config.stash.get(_UI, None) or _UIProcess(_migrated_mlflow_db)
+    request.config.stash[_UI] = ui
+    try:
+        output = ui.wait_for_links()
+        yield MlflowUI(f"http://127.0.0.1:{ui.port}", ui.port, ui.store_uri, ui.artifacts, ui.experiment_id, output)
     finally:
-        proc.send_signal(signal.SIGTERM)  # the command stops the server it started
-        proc.wait(timeout=60)
+        ui.stop()
+        del request.config.stash[_UI]
+        shutil.rmtree(ui.root, ignore_errors=True)
     with socket.socket() as s:
-        if s.connect_ex(("127.0.0.1", port)) == 0:
-            pytest.fail(f"something still listens on port {port} after python main.py ui was stopped")
+        if s.connect_ex(("127.0.0.1", ui.port)) == 0:
+            pytest.fail(f"something still listens on port {ui.port} after python main.py ui was stopped")
+
+
+@pytest.fixture(scope="session")
+def fork_server() -> None:
+    """This session's fork server for ``tests.helpers.forked`` and ``fork_main`` (started when collection is
+    done where a collected test requests this fixture; here otherwise)."""
+    from tests.helpers import start_fork_server
+
+    start_fork_server()
 
 
 @pytest.fixture

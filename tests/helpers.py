@@ -59,15 +59,30 @@ def run_main(args: list[str], cwd: Path, env: dict[str, str] | None = None, time
 _FORK_PRELOAD = ["main", "lightning_cli", "mlflow", "mlflow.store.tracking.sqlalchemy_store", "tests.helpers"]
 
 
-def forked(target: Any, *args: Any) -> Any:
-    """``target(*args)`` started in a process forked from this session's fork server, which imported torch,
-    Lightning and MLflow once: a separate process (to kill -9, to signal) without a fresh interpreter's imports.
-    The target must be importable (a module-level function). Returns the started ``multiprocessing`` process."""
+def start_fork_server(wait: bool = False) -> Any:
+    """Start this process's fork server if it is not running, and return the ``forkserver`` context. The server
+    imports ``_FORK_PRELOAD`` (about 7 s of CPU) in its own process and the first fork waits for that; with
+    ``wait``, this does (``tests/conftest.py`` starts it so when collection is done: session set-up, not a cost
+    of whichever test forks first)."""
     import multiprocessing
+    import multiprocessing.forkserver
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(_FORK_PRELOAD)  # no effect once this process's fork server runs
-    proc = ctx.Process(target=target, args=args)
+    multiprocessing.forkserver.ensure_running()
+    if wait:  # a first child is forked once the server has its imports
+        proc = ctx.Process(target=os.getpid)
+        proc.start()
+        proc.join()
+    return ctx
+
+
+def forked(target: Any, *args: Any) -> Any:
+    """``target(*args)`` started in a process forked from this session's fork server, which imported torch,
+    Lightning and MLflow once: a separate process (to kill -9, to signal) without a fresh interpreter's imports.
+    The target must be importable (a module-level function). Returns the started ``multiprocessing`` process.
+    A test that forks requests the ``fork_server`` fixture, so that the server is started ahead of it."""
+    proc = start_fork_server().Process(target=target, args=args)
     proc.start()
     return proc
 
@@ -77,8 +92,10 @@ def fork_main(args: list[str], cwd: Path, env: dict[str, str] | None = None,
     """``python main.py <args>`` as ``run_main`` runs it, in a process forked from a fork server that imported
     torch, Lightning and MLflow once per session (as the sweep workers are): the 4-7 s of imports of a fresh
     interpreter are paid once, not per call. For the tests whose point is a separate process (kill -9, Ctrl-C,
-    its exit code and output); a test of the interpreter's own start (the ddp launcher re-runs ``sys.argv``,
-    libraries that read the environment when imported) keeps ``run_main``."""
+    its exit code and output); a test of the interpreter's own start (the ddp launcher re-runs ``sys.argv``)
+    keeps ``run_main``. Libraries that read the environment when imported and that the fork server has not
+    imported (the hub libraries) can be imported in the child after its environment is set
+    (``tests/datamodules/test_hub.py`` checks that they were not imported before)."""
     import tempfile
 
     full_env = {**os.environ, "CI": "1", "PYTHONPATH": str(REPO), **(env or {})}

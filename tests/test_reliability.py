@@ -55,7 +55,9 @@ def _check_same_as_straight(paperlab_tmp: Path, name: str) -> None:
 
 
 @pytest.mark.slow  # the default suite keeps the mid-epoch resume below
-def test_kill_after_several_epochs_resumes_from_the_newest_epoch_end_with_a_clean_history(paperlab_tmp: Path) -> None:
+def test_kill_after_several_epochs_resumes_from_the_newest_epoch_end_with_a_clean_history(
+    paperlab_tmp: Path, fork_server: None
+) -> None:
     assert cli_main(["fit", "--config", BASE, *SMALL, "--run.name", "straight"]) == 0
     _kill_at(4 * 19 + 7, paperlab_tmp, [], "resumed")  # in the fifth epoch
     last = torch.load(paperlab_tmp / "checkpoints/mlp_classifier/resumed/last.ckpt", weights_only=False)
@@ -64,7 +66,7 @@ def test_kill_after_several_epochs_resumes_from_the_newest_epoch_end_with_a_clea
     _check_same_as_straight(paperlab_tmp, "resumed")
 
 
-def test_long_epochs_are_checkpointed_within_the_epoch_and_resume_exactly(paperlab_tmp: Path) -> None:
+def test_long_epochs_are_checkpointed_within_the_epoch_and_resume_exactly(paperlab_tmp: Path, fork_server: None) -> None:
     three = [*SMALL, "--trainer.max_epochs", "3"]  # the resumed epoch is the last: what follows it adds nothing here
     assert cli_main(["fit", "--config", BASE, *three, "--run.name", "straight"]) == 0
     # a cadence shorter than one step: last.ckpt after every batch; killed in the middle of the third epoch

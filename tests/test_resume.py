@@ -111,7 +111,7 @@ def _killed_before_any_flush(ckpt: str, cwd: str, tracking_uri: str, run_file: s
                 YinYangDataModule(train_size=128, val_size=64, test_size=64, batch_size=32, seed=0))
 
 
-def test_metrics_a_checkpoint_saw_survive_kill_9_though_none_were_flushed(paperlab_tmp: Path) -> None:
+def test_metrics_a_checkpoint_saw_survive_kill_9_though_none_were_flushed(paperlab_tmp: Path, fork_server: None) -> None:
     """A save writes no metrics (no sqlite commit per epoch): the checkpoint carries the unwritten ones and the
     resume writes them, so the run's history is whole."""
     import os

@@ -77,7 +77,7 @@ def test_an_explicit_run_name_is_kept_and_the_summary_says_where_the_earlier_fil
         capsys.readouterr().out)
 
 
-def test_ctrl_c_prints_killed_with_the_command_that_resumes_and_exits_130(paperlab_tmp: Path) -> None:
+def test_ctrl_c_prints_killed_with_the_command_that_resumes_and_exits_130(paperlab_tmp: Path, fork_server: None) -> None:
     small = ["--trainer.max_epochs", "3", "--trainer.num_sanity_val_steps", "0",  # 19 steps an epoch
              "--data.init_args.train_size", "600", "--data.init_args.val_size", "200"]
     assert cli_main(["fit", "--config", YINYANG, *small]) == 0  # an earlier run takes the name

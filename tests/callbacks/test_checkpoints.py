@@ -236,7 +236,7 @@ def _write_until_killed(path: str) -> None:
         io.save_checkpoint({"step": step, "w": torch.full((6_000_000,), float(step))}, path)
 
 
-def test_kill_9_while_writing_never_leaves_a_half_written_checkpoint(tmp_path):
+def test_kill_9_while_writing_never_leaves_a_half_written_checkpoint(tmp_path, fork_server):
     import random
     import time
 

@@ -127,29 +127,57 @@ def test_a_schedule_that_never_measures_is_refused():
         _Norm(Schedule(at_fit_start=False))
 
 
-PRESET_CASES = [("economy", "weight_drift/tiny_gpt_text")] + [
-    ("full", c) for c in ("mlp_classifier/yinyang", "weight_drift/tiny_gpt_text", "causal_pieces/yinyang", "bvpo/bvpo")
+def _smoke(method: str) -> list[str]:
+    return ["--config", str(REPO / f"tests/conf/{method}.yaml")]
+
+
+# (preset, experiment, overrides, the diagnostics the preset must add there). Each case runs at its method's
+# smoke size where the method has one (tests/conf/<method>.yaml, as in its smoke fit; its own diagnostics keep
+# the experiment's settings): the full-size piece count and piece maps of causal pieces, BVPO's evaluation
+# batches of 100 prompts and the 1.5M-character corpus of the tiny GPT (max_chars 100k: the 465k characters of the
+# pydoc topics, which the corpus always holds whole) were most of these cases' time.
+# The default suite keeps one case of each kind: economy on an experiment without diagnostics of its own, so
+# that both of its diagnostics run (on the tiny GPT, which configures both, the preset added nothing); full
+# where all of its diagnostics apply (the MLP); full where the experiment configures one of the preset's
+# diagnostics, which keeps the experiment's settings, and the others say once that they are off (causal
+# pieces' spiking net). The two slow ones are further instances of those kinds.
+PRESET_CASES = [
+    ("economy", "flip_lipschitz/digits", _smoke("flip_lipschitz"), ("weight_drift", "activations")),
+    ("full", "mlp_classifier/yinyang", [], ("weight_drift", "activations", "grad_var")),
+    # slow: the same kind as the MLP's case (the whole preset through the CLI) and the two below (a preset's
+    # diagnostic the experiment configures keeps the experiment's settings), on a transformer; its fit with
+    # figures was a third of weight drift's share of the default suite
+    pytest.param("full", "weight_drift/tiny_gpt_text", ["--data.init_args.max_chars", "100000"], ("grad_var",),
+                 marks=pytest.mark.slow),
+    ("full", "causal_pieces/yinyang", _smoke("causal_pieces"), ()),  # a spiking net: each says it is off
+    # slow: the same kind as causal pieces' case (the experiment configures GradientVariance, the preset's is
+    # dropped, by class as CausalPieceCounter is there); a second CLI fit in BVPO's share
+    pytest.param("full", "bvpo/bvpo", _smoke("bvpo"), (), marks=pytest.mark.slow),
 ]
 
 
-@pytest.mark.parametrize("preset, config", PRESET_CASES, ids=["-".join(c) for c in PRESET_CASES])
-def test_diagnostics_presets_stack_on_any_experiment(config, preset, paperlab_tmp: Path, capsys):
+def _case_id(case) -> str:
+    preset, config = case.values[:2] if hasattr(case, "values") else case[:2]
+    return f"{preset}-{config}"
+
+
+@pytest.mark.parametrize("preset, config, overrides, added", PRESET_CASES, ids=[_case_id(c) for c in PRESET_CASES])
+def test_diagnostics_presets_stack_on_any_experiment(config, preset, overrides, added, paperlab_tmp: Path, capsys):
     from main import cli_main
     from tests.helpers import TINY, client, runs_of
 
-    # causal pieces at its smoke size (tests/conf/causal_pieces.yaml, as in its smoke fit): its full-size piece
-    # count and piece maps were most of this case's time, and its own diagnostic keeps the experiment's settings
-    smoke = REPO / f"tests/conf/{config.split('/')[0]}.yaml"
-    overrides = ["--config", str(smoke)] if config == "causal_pieces/yinyang" else []
     rc = cli_main(["fit", "--config", str(REPO / f"configs/{config}.yaml"), *overrides, "--config",
                    str(REPO / f"configs/diagnostics/{preset}.yaml"), *TINY, "--trainer.limit_train_batches", "4"])
     assert rc == 0, capsys.readouterr().err[-2000:]
     (run,) = runs_of(config.split("/")[0])
     name = run.info.run_name  # named by the last experiment config and the overrides, not by the preset
-    stem = smoke.stem if overrides else config.split("/")[1]
+    configs = [a for i, a in enumerate(overrides) if i and overrides[i - 1] == "--config"]
+    stem = Path(configs[-1]).stem if configs else config.split("/")[1]
     assert name.startswith(stem + " ") and preset not in name
     keys = set(client().get_run(run.info.run_id).data.metrics)
     assert any(k.startswith("diag/") for k in keys), keys
+    missing = [d for d in added if not any(k.startswith(f"diag/{d}/") for k in keys)]
+    assert not missing, f"the {preset} preset's {missing} logged nothing: {sorted(keys)}"
     assert not math.isnan(sum(v for k, v in run.data.metrics.items() if k.startswith("diag/") and "noise" not in k
                               and math.isfinite(v)))
 

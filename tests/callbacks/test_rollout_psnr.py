@@ -53,6 +53,13 @@ def test_rollout_psnr_logs_every_step_on_the_fixed_validation_batch() -> None:
         assert last[f"k{k}"] == pytest.approx(float(expected[k]), abs=1e-4)
     assert trainer.callback_metrics["diag/rollout_psnr/k3"] == pytest.approx(float(expected[3]), abs=1e-4)
     assert last["gain"] == pytest.approx(float(expected[3] - expected[1]), abs=1e-4)
+    # the figure the base logs at fit end (the smoke fit runs without it): one PSNR curve per measurement
+    fig = cb.figure()
+    import matplotlib.pyplot as plt  # after figure(), which picks the Agg backend
+
+    curves = [line.get_ydata() for line in fig.axes[0].get_lines()]
+    plt.close(fig)
+    assert len(curves) == 2 and list(curves[-1][1:]) == pytest.approx([last[f"k{k}"] for k in (1, 2, 3)], abs=1e-4)
 
 
 def test_param_scaling_counts_once() -> None:
@@ -67,6 +74,13 @@ def test_param_scaling_counts_once() -> None:
     # one W x W layer (2 hidden layers): ~16 per doubling once it dominates (here 32 -> 64)
     assert 14.0 < float(m["diag/param_scaling/MLPOptStepBaseline/last_ratio"]) < 16.0
     assert len(cb.history) == 1
+    # the figure the base logs at fit end (the smoke fit runs without it): one count curve per network
+    fig = cb.figure()
+    import matplotlib.pyplot as plt  # after figure(), which picks the Agg backend
+
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in fig.axes[0].get_lines()}
+    plt.close(fig)
+    assert lines == {name: ([16, 32, 64], c) for name, c in counts.items()}
     csv = scaling_table(cb.widths, counts).splitlines()
     assert csv[0] == "width,AttnOptHyperINR,TransINRBaseline,MLPOptStepBaseline" and csv[1].startswith("16,")
 
