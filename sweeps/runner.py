@@ -649,21 +649,15 @@ class SweepRunner:
         outcomes: dict[str, Outcome] = {}
         states: dict[str, tuple[str, Any]] = {}
         for point in points:
-            previous = existing.get(point.run_name, [])
-            state, run = states[point.run_name] = point_state(previous, plan.spec.test)
-            if run is not None and DONE_TAG not in run.data.tags:  # a finished fit the killed sweep did not tag
-                self.client.set_tag(run.info.run_id, DONE_TAG, "fit")
+            state, run = states[point.run_name] = self._state(existing.get(point.run_name, []))
             if state == "done":
                 outcomes[point.run_name] = Outcome(point, "SKIPPED", run_id=run.info.run_id)
         t0 = time.time()
         log_file = plan.log_file(points[0])
         fit = [p for p in points if states[p.run_name][0] == "todo"]
-        # runs of these seeds still marked RUNNING belong to a sweep that was killed: they are redone now
-        # (resumed into the same runs when the stack left its last.ckpt)
+        # these seeds are redone now, resumed into the same runs when the stack left its last.ckpt
         for point in fit:
-            for old in existing.get(point.run_name, []):
-                if old.info.status == "RUNNING":
-                    self.client.set_terminated(old.info.run_id, "KILLED")
+            self._close_running(existing.get(point.run_name, []))
         run_ids = {p.run_name: states[p.run_name][1].info.run_id for p in points
                    if states[p.run_name][0] == "needs_test"}
         if fit:
@@ -680,18 +674,8 @@ class SweepRunner:
                 run_id = self._mark_failed(point, run_id, t0, log_file, why)
                 outcomes[point.run_name] = Outcome(point, "FAILED", run_id, time.time() - t0, why)
         for point in points:
-            run_id = run_ids.get(point.run_name)
-            if run_id is None:
-                continue
-            if plan.spec.test:
-                rc = self.executor(plan.test_args(point), log_file)
-                if rc != 0:
-                    why = f"test exited with code {rc}"
-                    run_id = self._mark_failed(point, run_id, t0, log_file, why)
-                    outcomes[point.run_name] = Outcome(point, "FAILED", run_id, time.time() - t0, why)
-                    continue
-                self.client.set_tag(run_id, DONE_TAG, "test")
-            outcomes[point.run_name] = Outcome(point, "FINISHED", run_id, time.time() - t0, self._headline(run_id))
+            if point.run_name in run_ids:
+                outcomes[point.run_name] = self._finish(point, run_ids[point.run_name], t0, log_file)
         return [outcomes[p.run_name] for p in points]
 
     def _seeds_resumable(self, fit: list[Point], existing: dict[str, list[Any]]) -> bool:
@@ -706,34 +690,48 @@ class SweepRunner:
 
     def _run_point(self, point: Point, previous: list[Any]) -> Outcome:
         plan = self.plan
-        state, run = point_state(previous, plan.spec.test)
-        if run is not None and DONE_TAG not in run.data.tags:  # a finished fit the killed sweep did not tag
-            self.client.set_tag(run.info.run_id, DONE_TAG, "fit")
+        state, run = self._state(previous)
         if state == "done":
             return Outcome(point, "SKIPPED", run_id=run.info.run_id)
-        # Runs of this point still marked RUNNING belong to a sweep that was killed: it is being redone now,
-        # from the newest checkpoint of its own run when it has one.
+        # the point is redone from the newest checkpoint of its own run when it has one
         resume = resumable_run(previous, plan.ckpt_dir(point)) if state == "todo" else None
+        self._close_running(previous)
+        t0 = time.time()
+        log_file = plan.log_file(point)
+        run_id = run.info.run_id if run is not None else None
+        if state == "todo":
+            rc = self.executor(plan.fit_args(point, self.parent_id) + (["--ckpt_path", "last"] if resume else []),
+                               log_file)
+            if rc != 0:
+                run_id = self._mark_failed(point, run_id, t0, log_file, f"fit exited with code {rc}")
+                return Outcome(point, "FAILED", run_id, time.time() - t0, f"fit exited with code {rc}")
+            run_id = self._child_run_id(point, t0)
+            if run_id is not None:
+                self.client.set_tag(run_id, DONE_TAG, "fit")
+        return self._finish(point, run_id, t0, log_file)
+
+    def _state(self, previous: list[Any]) -> tuple[str, Any]:
+        """``point_state`` of a point's earlier runs; a finished fit that a killed sweep did not tag is tagged."""
+        state, run = point_state(previous, self.plan.spec.test)
+        if run is not None and DONE_TAG not in run.data.tags:
+            self.client.set_tag(run.info.run_id, DONE_TAG, "fit")
+        return state, run
+
+    def _close_running(self, previous: list[Any]) -> None:
+        """A point's runs still marked RUNNING belong to a sweep that was killed: the point is redone now."""
         for old in previous:
             if old.info.status == "RUNNING":
                 self.client.set_terminated(old.info.run_id, "KILLED")
-        t0 = time.time()
-        log_file = plan.log_file(point)
-        steps: list[tuple[str, list[str]]] = []
-        if state == "todo":
-            steps.append(("fit", plan.fit_args(point, self.parent_id) + (["--ckpt_path", "last"] if resume else [])))
-        if plan.spec.test:
-            steps.append(("test", plan.test_args(point)))
-        run_id = run.info.run_id if run is not None else None
-        for stage, args in steps:
-            rc = self.executor(args, log_file)
-            if stage == "fit" and rc == 0:
-                run_id = self._child_run_id(point, t0)
+
+    def _finish(self, point: Point, run_id: str | None, t0: float, log_file: Path) -> Outcome:
+        """A fitted point's test (with ``test: true``) and its outcome."""
+        if self.plan.spec.test:
+            rc = self.executor(self.plan.test_args(point), log_file)
             if rc != 0:
-                run_id = self._mark_failed(point, run_id, t0, log_file, f"{stage} exited with code {rc}")
-                return Outcome(point, "FAILED", run_id, time.time() - t0, f"{stage} exited with code {rc}")
+                run_id = self._mark_failed(point, run_id, t0, log_file, f"test exited with code {rc}")
+                return Outcome(point, "FAILED", run_id, time.time() - t0, f"test exited with code {rc}")
             if run_id is not None:
-                self.client.set_tag(run_id, DONE_TAG, stage)
+                self.client.set_tag(run_id, DONE_TAG, "test")
         if run_id is None:
             return Outcome(point, "FAILED", None, time.time() - t0, "the fit logged no MLflow run")
         return Outcome(point, "FINISHED", run_id, time.time() - t0, self._headline(run_id))
