@@ -399,6 +399,7 @@ class PaperlabCLI(LightningCLI):
         run of that seed builds them (seeded, then instantiated in its run-seed context), then stacked."""
         from lightning.fabric.utilities.seed import seed_everything
 
+        from seed_parallel.outputs import SEED_LINE
         from seed_parallel.stack import SeedStack, SeedStackData
 
         seed_runs = self._value(self.config, "run").seed_runs
@@ -423,9 +424,9 @@ class PaperlabCLI(LightningCLI):
                 # dumped once (it costs about 0.1 s) when the seeds' configs differ in the seed line only; with
                 # --run.seed_runs their names and tags differ too
                 dumped = self._parser(self.subcommand).dump(config.get(str(self.subcommand), config), skip_none=False)
-                if len(re.findall(r"^seed_everything: .*$", dumped, re.M)) != 1:
+                if len(SEED_LINE.findall(dumped)) != 1:
                     raise RuntimeError("the dumped config has no single top-level seed_everything line")
-            self.seed_configs[s] = re.sub(r"^seed_everything: .*$", f"seed_everything: {s}", dumped, flags=re.M)
+            self.seed_configs[s] = SEED_LINE.sub(f"seed_everything: {s}", dumped)
         self.datamodule = SeedStackData(datamodules, states)
         self.model = SeedStack(tasks, seeds)
         self.trainer = self.instantiate_trainer()

@@ -37,7 +37,8 @@ from tracking.mlflow_logger import PaperlabMLFlowLogger
 from tracking.run_registry import PROCESS_TAG, this_process, write_run_record
 
 _SEEDED = re.compile(r"^s(-?\d+)/(.+)$")
-_SEED_LINE = re.compile(r"^seed_everything: .*$", re.M)
+#: the top-level seed line of a dumped config (the seeds' configs of a stack are one dump, this line apart)
+SEED_LINE = re.compile(r"^seed_everything: .*$", re.M)
 PARENT_ROLE = "parent"  # the value sweeps give the tag sweep.role of a sweep's parent run (compare skips those)
 
 
@@ -200,7 +201,7 @@ class SeedOutputs(Callback):
     def _params(self) -> dict[int, dict[str, Any]]:
         """Each seed's params, parsed from its config once when the configs differ in their seed line only
         (a parse costs tens of milliseconds; a sweep's seeds differ in their tags too)."""
-        bare = {s: _SEED_LINE.sub("", text) for s, text in self.configs.items()}
+        bare = {s: SEED_LINE.sub("", text) for s, text in self.configs.items()}
         if len(set(bare.values())) == 1:
             shared = fit_params(self.configs[self.seeds[0]])
             return {s: shared for s in self.seeds}
