@@ -84,6 +84,20 @@ def test_config_builds(config: Path, paperlab_tmp: Path) -> None:
     assert isinstance(cli.model, PaperTask) and isinstance(data, PaperlabDataModule)
 
 
+def test_a_preset_diagnostic_the_experiment_configures_keeps_the_experiment_settings(paperlab_tmp: Path) -> None:
+    """``--config configs/diagnostics/full.yaml`` on an experiment that configures its own piece counter: one
+    counter, the experiment's (150 samples), not the preset's (5000), beside the preset's other diagnostics."""
+    from callbacks.causal_pieces import CausalPieceCounter
+    from callbacks.diagnostic import Diagnostic
+
+    config = REPO / "configs" / "causal_pieces" / "yinyang.yaml"
+    cli = _SharedParserCLI(args=["--config", str(config), *smoke_overrides("causal_pieces"), *TINY], run=False)
+    counters = [c for c in cli.trainer.callbacks if isinstance(c, CausalPieceCounter)]
+    assert [c.max_samples for c in counters] == [150]
+    assert {type(c).__name__ for c in cli.trainer.callbacks if isinstance(c, Diagnostic)} >= {
+        "WeightDrift", "ActivationStats", "GradientVariance"}
+
+
 def _default_config(method: str) -> Path:
     """The method's default experiment: ``default_config`` of its docs page's front matter, else its first
     experiment config."""
@@ -116,12 +130,22 @@ SMOKE_VALUES: dict[str, dict[str, float]] = {
 SMOKE_TAGS: dict[str, dict[str, str]] = {"craft": {"paper_id": "000-04", "dataset": "digits"}}
 
 
+# A diagnostics preset stacked on a method's smoke fit. Causal pieces' is the default suite's one case of a preset
+# whose diagnostic the experiment configures too (tests/callbacks/test_diagnostic.py, PRESET_CASES): that one
+# keeps the experiment's settings, the others say they are off for a spiking net. As a CLI fit of its own it
+# was a second fit of the same smoke config, about 1 s of the method's share.
+SMOKE_PRESETS: dict[str, str] = {"causal_pieces": "full"}
+
+
 def smoke_overrides(method: str) -> list[str]:
     """``tests/conf/<method>.yaml`` stacked on the default config where the method has one: the same model and
     data classes at a size that keeps the method's share of the default suite within its budget (a smaller data
-    set, diagnostics without figures). The experiments themselves are checked by ``test_config_builds``."""
+    set, diagnostics without figures), then the method's ``SMOKE_PRESETS`` preset. The experiments themselves
+    are checked by ``test_config_builds``."""
     conf = REPO / "tests" / "conf" / f"{method}.yaml"
-    return ["--config", str(conf)] if conf.is_file() else []
+    preset = SMOKE_PRESETS.get(method)
+    return ([*(["--config", str(conf)] if conf.is_file() else []),
+             *(["--config", str(REPO / "configs" / "diagnostics" / f"{preset}.yaml")] if preset else [])])
 
 
 @pytest.mark.parametrize("config", SMOKE_CONFIGS, ids=_config_id)
@@ -137,6 +161,12 @@ def test_smoke_fit_then_test(config: Path, paperlab_tmp: Path, capsys: pytest.Ca
             assert run.data.metrics[key] == value, (method, key, run.data.metrics[key])
         for key, value in SMOKE_TAGS.get(method, {}).items():
             assert run.data.tags[key] == value, (method, key, run.data.tags[key])
+        if method == "causal_pieces":
+            # the full preset's CausalPieceCounter (5000 samples) gave way to the experiment's (150 of the 450)
+            metrics = run.data.metrics
+            samples = metrics["diag/causal_pieces/count"] / metrics["diag/causal_pieces/fraction"]
+            assert 150 <= round(samples) < 450, samples
+            assert not any(k.startswith(("diag/weight_drift/", "diag/grad_var/", "diag/activations/")) for k in metrics)
 
 
 # Configs whose method schedules more steps than TINY's three before it can end without an error: their

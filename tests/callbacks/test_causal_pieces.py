@@ -60,18 +60,29 @@ def yy():
     return dm.splits["train"]
 
 
-@pytest.mark.parametrize("mode", ["path", "full"])
-@pytest.mark.parametrize("key", ["exact", "hash128"])
-def test_snn_count_matches_naive_loop(yy, mode, key):
-    x, _ = yy
-    model = CausalPiecesSNN(
+def _toy_snn() -> CausalPiecesSNN:
+    return CausalPiecesSNN(
         hidden_sizes=[12, 6],
         init_mean=[1.0, 0.8, 0.5],
         init_std=[0.8, 0.8, 0.8],
         max_missing=[0.3, 0.3, 0.0],
         init_seed=0,
     )
-    ref, ref_layers = naive_piece_count(model.spike_times((x,)), mode)
+
+
+@pytest.fixture(scope="module")
+def naive_counts(yy) -> dict[str, tuple[int, list[int]]]:
+    """The naive loop's count of the toy network on ``yy``, per mode: the reference of both piece keys."""
+    pairs = _toy_snn().spike_times((yy[0],))
+    return {mode: naive_piece_count(pairs, mode) for mode in ("path", "full")}
+
+
+@pytest.mark.parametrize("mode", ["path", "full"])
+@pytest.mark.parametrize("key", ["exact", "hash128"])
+def test_snn_count_matches_naive_loop(yy, naive_counts, mode, key):
+    x, _ = yy
+    model = _toy_snn()
+    ref, ref_layers = naive_counts[mode]
     res = count_pieces(model, [(x[i : i + 128],) for i in range(0, 800, 128)], mode=mode, key=key)
     assert 20 < res.count < 800, "the toy network should neither collapse nor saturate"
     assert res.count == ref and res.layer_distinct == ref_layers

@@ -140,7 +140,8 @@ def _smoke(method: str) -> list[str]:
 # that both of its diagnostics run (on the tiny GPT, which configures both, the preset added nothing); full
 # where all of its diagnostics apply (the MLP); full where the experiment configures one of the preset's
 # diagnostics, which keeps the experiment's settings, and the others say once that they are off (causal
-# pieces' spiking net). The two slow ones are further instances of those kinds.
+# pieces' spiking net, run in that method's smoke fit: tests/test_cli.py, SMOKE_PRESETS). The slow ones are
+# further instances of those kinds.
 PRESET_CASES = [
     ("economy", "flip_lipschitz/digits", _smoke("flip_lipschitz"), ("weight_drift", "activations")),
     ("full", "mlp_classifier/yinyang", [], ("weight_drift", "activations", "grad_var")),
@@ -149,7 +150,9 @@ PRESET_CASES = [
     # figures was a third of weight drift's share of the default suite
     pytest.param("full", "weight_drift/tiny_gpt_text", ["--data.init_args.max_chars", "100000"], ("grad_var",),
                  marks=pytest.mark.slow),
-    ("full", "causal_pieces/yinyang", _smoke("causal_pieces"), ()),  # a spiking net: each says it is off
+    # a spiking net: each says it is off. The default suite runs this case as causal pieces' smoke fit
+    # (tests/test_cli.py, SMOKE_PRESETS), which checks that the experiment's piece counter kept its settings
+    pytest.param("full", "causal_pieces/yinyang", _smoke("causal_pieces"), (), marks=pytest.mark.slow),
     # slow: the same kind as causal pieces' case (the experiment configures GradientVariance, the preset's is
     # dropped, by class as CausalPieceCounter is there); a second CLI fit in BVPO's share
     pytest.param("full", "bvpo/bvpo", _smoke("bvpo"), (), marks=pytest.mark.slow),

@@ -276,6 +276,9 @@ def test_a_silent_output_layer_counts_as_wrong_and_is_logged():
     assert (trainer.predict(dead, dm.test_dataloader())[0] == CausalPiecesSNN.NO_SPIKE).all()
 
 
+# slow: a second fit beside the method's smoke fit (tests/test_cli.py); the gradients are checked against finite
+# differences above, this checks that they train
+@pytest.mark.slow
 def test_training_learns_yinyang_quickly():
     """A few epochs on a 1500-sample subset already separate the three classes well above chance."""
     torch.manual_seed(0)
