@@ -42,6 +42,13 @@ def test_config_errors(args: list[str], needle: str, paperlab_tmp: Path, capsys:
     assert runs_of("mlp_classifier") == []
 
 
+def test_a_misspelt_subcommand_lists_all_four(paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
+    """A command builds only its own subcommand's parser; one that names none still offers every subcommand."""
+    assert cli_main(["fitt", "--config", BASE]) == 2
+    err = capsys.readouterr().err
+    assert "'fit', 'validate', 'test', 'predict'" in err and "Traceback" not in err
+
+
 def test_missing_config_file(paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
     assert cli_main(["fit", "--config", "configs/nope/missing.yaml"]) == 2
     err = capsys.readouterr().err
