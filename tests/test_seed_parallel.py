@@ -384,3 +384,99 @@ def test_the_seeds_unwritten_metrics_travel_in_the_checkpoint_and_reach_their_ru
     for seed, value in ((0, 0.5), (1, 0.25)):
         assert [(m.step, m.value) for m in client().get_metric_history(ids[seed], "val/loss")] == [(7, value)]
     assert client().get_run(first.run_id).data.metrics == {}
+
+
+# --- rows: arms of optimizer hyperparameters x seeds in one stack (--run.rows) ---------------------------------
+ARMS = [(functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.1), 3),
+        (functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.1), 7),
+        (functools.partial(torch.optim.AdamW, lr=0.002, weight_decay=0.1), 3),
+        (functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.0), 7)]
+
+
+def _rows_stack(arms: list, data: dict[int, list], dtype: torch.dtype, steps: range,
+                stack: SeedStack | None = None, opt: torch.optim.Optimizer | None = None) -> tuple[SeedStack, object]:
+    """A stack of rows (optimizer, seed) stepped as Lightning steps it: zero_grad, backward, the hook, step."""
+    if stack is None:
+        stack = SeedStack([_task(s, o) for o, s in arms], list(range(len(arms))),
+                          rows=[f"{o.keywords} s{s}" for o, s in arms]).to(dtype)
+        stack.tie()
+        opt = stack.configure_optimizers()
+    for i in steps:
+        batch = tuple(torch.stack([data[s][i][j] for _, s in arms]) for j in range(2))
+        opt.zero_grad()
+        loss, _ = stack.seed_step(batch, "train")
+        loss.sum().backward()
+        stack.on_before_optimizer_step(opt)
+        opt.step()
+    return stack, opt
+
+
+def test_rows_that_differ_in_their_optimizers_hyperparameters_each_take_their_plain_steps() -> None:
+    """Two seeds x (lr, weight decay) arms: one param group per row, each row equal to its plain run; the
+    same rows with two learning rates swapped are not."""
+    dtype = torch.float64
+    data = {s: _batches(s, 5, dtype) for s in (3, 7)}
+    stack, opt = _rows_stack(ARMS, data, dtype, range(5))
+    assert len(opt.param_groups) == 4 and [g["lr"] for g in opt.param_groups] == [0.01, 0.01, 0.002, 0.01]
+    for k, (optimizer, s) in enumerate(ARMS):
+        for key, value in _plain(s, optimizer, data[s], dtype).items():
+            torch.testing.assert_close(stack.tasks[k].state_dict()[key], value, rtol=0, atol=1e-12, msg=f"{k} {key}")
+    swapped = [ARMS[2], ARMS[1], ARMS[0], ARMS[3]]  # rows 0 and 2 (seed 3) with each other's learning rate
+    other, _ = _rows_stack([(o, s) for (o, _), (_, s) in zip(swapped, ARMS, strict=True)], data, dtype, range(5))
+    plain = _plain(3, ARMS[0][0], data[3], dtype)
+    assert max((other.tasks[0].state_dict()[k] - v).abs().max() for k, v in plain.items()) > 1e-4
+
+
+def test_rows_with_sgd_momentum_arms_take_their_plain_steps_and_one_optimizer_keeps_one_group() -> None:
+    dtype = torch.float64
+    arms = [(functools.partial(torch.optim.SGD, lr=0.1, momentum=m), 3) for m in (0.0, 0.9)]
+    data = {3: _batches(3, 4, dtype)}
+    stack, opt = _rows_stack(arms, data, dtype, range(4))
+    assert [g["momentum"] for g in opt.param_groups] == [0.0, 0.9]
+    for k, (optimizer, s) in enumerate(arms):
+        for key, value in _plain(s, optimizer, data[s], dtype).items():
+            torch.testing.assert_close(stack.tasks[k].state_dict()[key], value, rtol=0, atol=1e-12, msg=f"{k} {key}")
+    same = SeedStack([_task(s, OPTIMIZERS["adamw"]) for s in (3, 7)], [0, 1], rows=["a", "b"])
+    assert len(same.configure_optimizers().param_groups) == 1 and not same.row_params  # the seeds-only path
+
+
+def test_rows_with_optimizers_of_different_classes_are_refused_in_one_line() -> None:
+    stack = SeedStack([_task(0, OPTIMIZERS["adamw"]), _task(1, OPTIMIZERS["sgd momentum wd"])], [0, 1], rows=["a", "b"])
+    with pytest.raises(ConfigError, match=r"optimizers are of different classes \(AdamW, SGD\).*one after another"):
+        stack.configure_optimizers()
+
+
+def test_a_rows_optimizer_state_and_schedule_round_trip_through_a_checkpoint() -> None:
+    """The per-row groups' state (Adam's moments, each group's rate under a StepLR) saved after 3 steps and
+    loaded into a fresh stack of the same rows: equal state, and the next 2 steps equal the uninterrupted 5."""
+    dtype = torch.float64
+    data = {s: _batches(s, 5, dtype) for s in (3, 7)}
+    whole, _ = _rows_stack(ARMS, data, dtype, range(5))
+    cut, opt = _rows_stack(ARMS, data, dtype, range(3))
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scheduler.step()
+    saved = {"opt": opt.state_dict(), "sched": scheduler.state_dict(), "weights": cut.state_dict(),
+             "ckpt": {}}
+    cut.on_save_checkpoint(saved["ckpt"])
+    fresh = SeedStack([_task(s, o) for o, s in ARMS], list(range(4)), rows=[f"{o.keywords} s{s}" for o, s in ARMS])
+    fresh = fresh.to(dtype)
+    fresh.on_load_checkpoint(saved["ckpt"])
+    fresh.load_state_dict(saved["weights"])
+    fresh.tie()
+    opt2 = fresh.configure_optimizers()
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=1, gamma=0.5)
+    opt2.load_state_dict(saved["opt"])
+    sched2.load_state_dict(saved["sched"])
+    assert [g["lr"] for g in opt2.param_groups] == [g["lr"] for g in opt.param_groups] == [0.005, 0.005, 0.001, 0.005]
+    for a, b in zip(opt.state_dict()["state"].values(), opt2.state_dict()["state"].values(), strict=True):
+        assert all(torch.equal(a[n], b[n]) for n in a)
+    for g in (opt.param_groups, opt2.param_groups):
+        for group, lr in zip(g, [0.01, 0.01, 0.002, 0.01], strict=True):
+            group["lr"] = lr  # back to the uninterrupted run's rates, for the comparison of the steps
+    _rows_stack(ARMS, data, dtype, range(3, 5), fresh, opt2)
+    for k in range(4):
+        for key, value in whole.tasks[k].state_dict().items():
+            torch.testing.assert_close(fresh.tasks[k].state_dict()[key], value, rtol=0, atol=1e-12, msg=f"{k} {key}")
+    other = SeedStack([_task(s, o) for o, s in ARMS], list(range(4)), rows=["x", "y", "z", "w"])
+    with pytest.raises(ConfigError, match="the checkpoint holds the rows"):
+        other.on_load_checkpoint(saved["ckpt"])
