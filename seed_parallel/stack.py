@@ -68,6 +68,12 @@ def refusal(why: str) -> ConfigError:
     return ConfigError(f"--run.seeds cannot train these seeds in one process: {why}; {SEQUENTIAL}")
 
 
+def rows_refusal(why: str) -> ConfigError:
+    """The one line a stack of rows (``--run.rows``) that cannot share one process fails with."""
+    return ConfigError(f"--run.rows cannot train these rows in one process: {why}; run them one after another "
+                       "instead (a sweep without vectorize_arms, or one fit per row)")
+
+
 class _StepCall(nn.Module):
     """``forward`` = the task's ``step``, so that ``functional_call`` can run ``step`` on other parameters."""
 
@@ -481,7 +487,7 @@ class SeedStack(L.LightningModule):
         built = [task.optimizer_factory([probe]) for task in self.tasks]
         classes = {type(o).__name__ for o in built}
         if len(classes) > 1:
-            raise refusal(f"the rows' optimizers are of different classes ({', '.join(sorted(classes))}); rows "
+            raise rows_refusal(f"the rows' optimizers are of different classes ({', '.join(sorted(classes))}); rows "
                           "may differ in their optimizer's hyperparameters only")
         settings = [{k: v for k, v in o.param_groups[0].items() if k != "params"} for o in built]
         return any(s != settings[0] for s in settings[1:])

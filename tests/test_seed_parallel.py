@@ -442,10 +442,11 @@ def test_rows_with_sgd_momentum_arms_take_their_plain_steps_and_one_optimizer_ke
 
 def test_rows_with_optimizers_of_different_classes_are_refused_in_one_line() -> None:
     stack = SeedStack([_task(0, OPTIMIZERS["adamw"]), _task(1, OPTIMIZERS["sgd momentum wd"])], [0, 1], rows=["a", "b"])
-    with pytest.raises(ConfigError, match=r"optimizers are of different classes \(AdamW, SGD\).*one after another"):
+    with pytest.raises(ConfigError, match=r"--run.rows cannot.*optimizers are of different classes \(AdamW, SGD\).*one after another"):
         stack.configure_optimizers()
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # built after the steps
 def test_a_rows_optimizer_state_and_schedule_round_trip_through_a_checkpoint() -> None:
     """The per-row groups' state (Adam's moments, each group's rate under a StepLR) saved after 3 steps and
     loaded into a fresh stack of the same rows: equal state, and the next 2 steps equal the uninterrupted 5."""
@@ -480,3 +481,80 @@ def test_a_rows_optimizer_state_and_schedule_round_trip_through_a_checkpoint() -
     other = SeedStack([_task(s, o) for o, s in ARMS], list(range(4)), rows=["x", "y", "z", "w"])
     with pytest.raises(ConfigError, match="the checkpoint holds the rows"):
         other.on_load_checkpoint(saved["ckpt"])
+
+
+LR = "model.init_args.optimizer.init_args.lr"
+WD = "model.init_args.optimizer.init_args.weight_decay"
+TINY_YINYANG = ["--config", str(REPO / "configs/mlp_classifier/yinyang.yaml"), "--trainer.max_epochs", "2",
+                "--data.train_size", "300", "--data.val_size", "200", "--trainer.precision", "64-true"]
+
+
+@pytest.mark.slow
+def test_each_row_of_a_stack_of_arms_equals_the_plain_fit_of_its_seed_and_hyperparameters(paperlab_tmp: Path) -> None:
+    """2 learning rates x 2 seeds of the reference MLP (AdamW, StepLR), and an arm of its own weight decay, in
+    one ``fit --run.rows``: each row's run equals the plain fit of its seed and hyperparameters (params, metric
+    histories, final weights)."""
+    arms = [({LR: 0.01}, 0), ({LR: 0.01}, 1), ({LR: 0.03}, 0), ({LR: 0.03}, 1), ({LR: 0.01, WD: 0.5}, 1)]
+    for i, (overrides, seed) in enumerate(arms):
+        flags = [a for k, v in overrides.items() for a in (f"--{k}", str(v))]
+        assert run_training(["fit", *TINY_YINYANG, *flags, "--seed_everything", str(seed), "--run.name", f"plain {i}"]) == 0
+    rows = [{"seed": seed, "overrides": overrides} for overrides, seed in arms]
+    assert run_training(["fit", *TINY_YINYANG, "--run.rows", json.dumps(rows), "--run.name", "arms"]) == 0
+    c = client()
+    runs = {r.info.run_name: r for r in c.search_runs([c.get_experiment_by_name("mlp_classifier").experiment_id])}
+    names = ["arms lr=0.01 s0", "arms lr=0.01 s1", "arms lr=0.03 s0", "arms lr=0.03 s1", "arms lr=0.01 weight_decay=0.5 s1"]
+    assert set(runs) == {f"plain {i}" for i in range(5)} | set(names) | {"arms seeds"}
+    for i, name in enumerate(names):
+        plain, child = runs[f"plain {i}"], runs[name]
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["mlflow.parentRunId"] == runs["arms seeds"].info.run_id
+        assert child.data.params[LR] == str(arms[i][0][LR]) and child.data.params["seed_everything"] == str(arms[i][1])
+        differ = {k for k in plain.data.params.keys() | child.data.params.keys()
+                  if plain.data.params.get(k) != child.data.params.get(k)}
+        assert not differ, differ
+        assert set(child.data.metrics) == set(plain.data.metrics)
+        for key in plain.data.metrics:
+            want, got = _history(plain, key), _history(child, key)
+            assert [st for st, _ in got] == [st for st, _ in want], key
+            for (_, a), (_, b) in zip(want, got, strict=True):
+                assert abs(a - b) <= 1e-5 * abs(a), (name, key, a, b)
+        folders = paperlab_tmp / "checkpoints/mlp_classifier"
+        a = torch.load(folders / f"plain_{i}/last.ckpt", weights_only=False)["state_dict"]
+        b = torch.load(folders / name.replace(" ", "_") / "last.ckpt", weights_only=False)["state_dict"]
+        for key, value in a.items():
+            assert (b[key] - value).abs().max() <= 1e-5 * max(1.0, value.abs().max()), (name, key)
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ([{"seed": 0}, {"seed": 1, "overrides": {"model.init_args.net.init_args.activation": "tanh"}}],
+     "row 1 sets 'model.init_args.net.init_args.activation', which is not a hyperparameter of the config's optimizer"),
+    ([{"seed": 0}, {"seed": 1, "overrides": {"model.init_args.optimizer.init_args.nesterov": True}}],
+     "row 1 sets 'model.init_args.optimizer.init_args.nesterov', which is not"),
+    ([{"seed": 0}, {"seed": 0}], "names two rows' runs alike"),
+])
+def test_rows_that_differ_in_anything_but_their_optimizers_hyperparameters_are_refused(
+        rows: list, message: str, paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
+    assert run_training(["fit", *TINY_YINYANG, "--run.rows", json.dumps(rows)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and message in err[0] and "traceback" in err[1], err
+
+
+def test_rows_whose_optimizer_classes_differ_are_refused_naming_the_key(paperlab_tmp: Path, capsys: pytest.CaptureFixture,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's resolved config may differ from the first row's in the optimizer's hyperparameters only: a
+    different class (here through a stack whose second row's config was built otherwise) is one line."""
+    from lightning_cli import PaperlabCLI
+
+    seed_config = PaperlabCLI._seed_config
+
+    def other_class(cli: PaperlabCLI, key: int) -> object:
+        config = seed_config(cli, key)
+        if key == 1:
+            config["fit.model.init_args.optimizer.class_path"] = "torch.optim.Adam"
+        return config
+
+    monkeypatch.setattr(PaperlabCLI, "_seed_config", other_class)
+    assert run_training(["fit", *TINY_YINYANG, "--run.rows", json.dumps([{"seed": 0}, {"seed": 1}])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ("run.rows cannot train these rows in one process: row 1 differs from row 0 in "
+            "model.init_args.optimizer.class_path (a different optimizer class)") in err[0], err
