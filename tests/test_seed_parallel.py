@@ -558,3 +558,15 @@ def test_rows_whose_optimizer_classes_differ_are_refused_naming_the_key(paperlab
     err = capsys.readouterr().err.strip().splitlines()
     assert ("run.rows cannot train these rows in one process: row 1 differs from row 0 in "
             "model.init_args.optimizer.class_path (a different optimizer class)") in err[0], err
+
+
+def test_a_row_whose_loss_is_nan_leaves_the_other_rows_plain_steps_untouched() -> None:
+    dtype = torch.float64
+    data = {s: _batches(s, 4, dtype) for s in (3, 7)}
+    data[7][1][0][0, 0] = float("nan")  # rows 1 and 3 (seed 7) go NaN, rows 0 and 2 (seed 3) must not notice
+    stack, _ = _rows_stack(ARMS, data, dtype, range(4))
+    assert all(any(not torch.isfinite(v).all() for v in stack.tasks[k].state_dict().values()) for k in (1, 3))
+    for k in (0, 2):
+        optimizer, s = ARMS[k]
+        for key, value in _plain(s, optimizer, data[s], dtype).items():
+            torch.testing.assert_close(stack.tasks[k].state_dict()[key], value, rtol=0, atol=1e-12, msg=f"{k} {key}")
