@@ -16,11 +16,12 @@ plain run's) and zips their loaders (``ZipLoader``): step ``i`` gets batch ``i``
 Rows: a stack's rows need not be seeds only. Each row is one plain run's config, which may differ from
 the first row's in its seed and in its optimizer's hyperparameters (``--run.rows``: arms of a learning
 rate, weight decay or momentum). When the rows' optimizers differ, the optimizer gets one param group per
-row, built by that row's own task over leaf views of its slice of every stacked tensor
-(``stacked.detach()[k]``: they share its storage, so the per-group update writes the stack), merged into
-one optimizer of the first row's class; ``on_before_optimizer_step`` hands each row's leaves its slice of
-the stacked gradient. torch's optimizers and schedulers take their hyperparameters per group, so each row
-steps as its plain run does. Rows whose optimizers agree keep the seeds-only path: one group over the
+block of consecutive rows with equal settings (an arm's seeds), built by the block's own task over leaf
+views of its rows of every stacked tensor (``stacked.detach()[a:b]``: they share its storage, so the
+group's update writes the stack), merged into one optimizer of the first row's class;
+``on_before_optimizer_step`` hands each block's leaves its slice of the stacked gradient. torch's
+optimizers and schedulers take their hyperparameters per group and are elementwise, so each row steps as
+its plain run does. Rows whose optimizers all agree keep the seeds-only path: one group over the
 stacked tensors.
 
 What is refused, in one line naming the sequential fallback (``refusal``): a task that is not
@@ -272,8 +273,10 @@ class SeedStack(L.LightningModule):
         self._pending: dict[str, list[dict[str, tuple[Any, ...]]]] = {"train": [], "val": [], "test": []}
         self.failed: set[int] = set()  # seeds whose training loss became NaN or infinite: their runs end FAILED
         self.rows = list(rows) if rows is not None else None
-        # per row, leaf views of its slice of every stacked tensor: the optimizer's params when the rows'
-        # optimizers differ (configure_optimizers), else empty (one group over the stacked tensors)
+        # when the rows' optimizers differ (configure_optimizers): the blocks of consecutive rows with equal
+        # optimizer settings, (first row, end), and per block leaf views of its rows of every stacked tensor,
+        # the params of its group; else empty (one group over the stacked tensors)
+        self.row_blocks: list[tuple[int, int]] = []
         self.row_params: list[list[Tensor]] = []
         self.tie()
 
@@ -292,9 +295,9 @@ class SeedStack(L.LightningModule):
                 p.data = params[name].data[k]
             for name, b in task.named_buffers():
                 b.data = buffers[name].data[k]
-        for k, leaves in enumerate(self.row_params):
+        for (start, end), leaves in zip(self.row_blocks, self.row_params, strict=True):
             for leaf, p in zip(leaves, self.stacked, strict=True):
-                leaf.data = p.data[k]  # after a device or dtype move the stack has new storage
+                leaf.data = p.data[start:end]  # after a device or dtype move the stack has new storage
 
     def on_fit_start(self) -> None:
         self.tie()
@@ -461,8 +464,9 @@ class SeedStack(L.LightningModule):
     # --- optimisation ---------------------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
         task = self.tasks[0]
-        if self._rows_differ():
-            optimizer = self._row_optimizer()
+        blocks = self._row_blocks()
+        if len(blocks) > 1:
+            optimizer = self._row_optimizer(blocks)
         else:
             optimizer = task.optimizer_factory(list(self.stacked))
             if len(optimizer.param_groups) != 1:
@@ -480,9 +484,10 @@ class SeedStack(L.LightningModule):
             raise refusal("ReduceLROnPlateau follows one monitored value, and each seed has its own")
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": task.scheduler_interval}}
 
-    def _rows_differ(self) -> bool:
-        """Whether the rows' optimizers differ (class or hyperparameters), from one probe optimizer per row on
-        a dummy tensor (microseconds); a different class is refused."""
+    def _row_blocks(self) -> list[tuple[int, int]]:
+        """The rows as blocks of consecutive rows whose optimizers agree, ``(first row, end)``: one block when
+        all agree (the seeds-only path). From one probe optimizer per row on a dummy tensor (microseconds); a
+        different class is refused."""
         probe = torch.zeros(1, requires_grad=True)
         built = [task.optimizer_factory([probe]) for task in self.tasks]
         classes = {type(o).__name__ for o in built}
@@ -490,15 +495,24 @@ class SeedStack(L.LightningModule):
             raise rows_refusal(f"the rows' optimizers are of different classes ({', '.join(sorted(classes))}); rows "
                           "may differ in their optimizer's hyperparameters only")
         settings = [{k: v for k, v in o.param_groups[0].items() if k != "params"} for o in built]
-        return any(s != settings[0] for s in settings[1:])
+        blocks = [(0, 1)]
+        for k in range(1, len(settings)):
+            if settings[k] == settings[k - 1]:
+                blocks[-1] = (blocks[-1][0], k + 1)
+            else:
+                blocks.append((k, k + 1))
+        return blocks
 
-    def _row_optimizer(self) -> torch.optim.Optimizer:
-        """One optimizer, one param group per row: row ``k``'s group is what its own task's optimizer makes of
-        leaf views of row ``k`` of every stacked tensor (see the module docstring)."""
-        self.row_params = [[p.detach()[k] for p in self.stacked] for k in range(len(self.tasks))]
+    def _row_optimizer(self, blocks: list[tuple[int, int]]) -> torch.optim.Optimizer:
+        """One optimizer, one param group per block of rows with equal settings (a sweep's rows come arm by
+        arm, so a block is an arm's seeds): its group is what the block's first task's optimizer makes of leaf
+        views of the block's rows of every stacked tensor (see the module docstring). Per row would do too;
+        per block, K seeds of A arms cost A group updates a step, not K."""
+        self.row_blocks = blocks
+        self.row_params = [[p.detach()[start:end] for p in self.stacked] for start, end in blocks]
         optimizer: torch.optim.Optimizer | None = None
-        for task, leaves in zip(self.tasks, self.row_params, strict=True):
-            own = task.optimizer_factory(leaves)
+        for (start, _), leaves in zip(blocks, self.row_params, strict=True):
+            own = self.tasks[start].optimizer_factory(leaves)
             if len(own.param_groups) != 1:
                 raise refusal("the optimizer splits the parameters into groups")
             if optimizer is None:
@@ -509,15 +523,15 @@ class SeedStack(L.LightningModule):
         return optimizer
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Rows with their own param groups: each row's leaves get its slice of the stacked gradient (views, no
-        copy), and the stacked gradient is let go, so the next backward starts from none (the optimizer's
-        ``zero_grad`` clears the rows' slices)."""
+        """Rows with their own param groups: each block's leaves get its slice of the stacked gradient (views,
+        no copy), and the stacked gradient is let go, so the next backward starts from none (the optimizer's
+        ``zero_grad`` clears the blocks' slices)."""
         if not self.row_params:
             return
         for i, p in enumerate(self.stacked):
             grad = p.grad
-            for k, leaves in enumerate(self.row_params):
-                leaves[i].grad = None if grad is None else grad[k]
+            for (start, end), leaves in zip(self.row_blocks, self.row_params, strict=True):
+                leaves[i].grad = None if grad is None else grad[start:end]
             p.grad = None
 
     def check_trainer(self, trainer: L.Trainer) -> None:
