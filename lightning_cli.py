@@ -373,9 +373,10 @@ class PaperlabCLI(LightningCLI):
             # a seed-parallel fit resumes from the stack's own last.ckpt, in the folder of '<run name> seeds'
             ckpt_path = self._value(self.config, "ckpt_path")
             if ckpt_path == "best":
+                how = ("test --run.name '<the row's run name>' with its overrides" if self.rows
+                       else f"test --run.seeds {self.seeds}")
                 raise ConfigError("a seed-parallel fit resumes from last (--ckpt_path last); each seed's best "
-                                  "checkpoint is for evaluation: test --run.seeds "
-                                  f"{[r.seed for r in self.rows] if self.rows else self.seeds} --ckpt_path best")
+                                  f"checkpoint is for evaluation: {how} --ckpt_path best")
             self.resolved_ckpt_path = resolve_checkpoint(ckpt_path, self._seed_group_folder())
             self.config[f"{self.subcommand}.ckpt_path"] = self.resolved_ckpt_path
         elif self.subcommand:
