@@ -529,9 +529,10 @@ def test_each_row_of_a_stack_of_arms_equals_the_plain_fit_of_its_seed_and_hyperp
 @pytest.mark.parametrize(("rows", "message"), [
     ([{"seed": 0}, {"seed": 1, "overrides": {"model.init_args.net.init_args.activation": "tanh"}}],
      "row 1 sets 'model.init_args.net.init_args.activation', which is not a hyperparameter of the config's optimizer"),
-    ([{"seed": 0}, {"seed": 1, "overrides": {"model.init_args.optimizer.init_args.nesterov": True}}],
-     "row 1 sets 'model.init_args.optimizer.init_args.nesterov', which is not"),
-    ([{"seed": 0}, {"seed": 0}], "names two rows' runs alike"),
+    # the same check, other inputs: slow, to keep the default suite's added time small
+    pytest.param([{"seed": 0}, {"seed": 1, "overrides": {"model.init_args.optimizer.init_args.nesterov": True}}],
+                 "row 1 sets 'model.init_args.optimizer.init_args.nesterov', which is not", marks=pytest.mark.slow),
+    pytest.param([{"seed": 0}, {"seed": 0}], "names two rows' runs alike", marks=pytest.mark.slow),
 ])
 def test_rows_that_differ_in_anything_but_their_optimizers_hyperparameters_are_refused(
         rows: list, message: str, paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
