@@ -572,3 +572,29 @@ def test_a_row_whose_loss_is_nan_leaves_the_other_rows_plain_steps_untouched() -
         optimizer, s = ARMS[k]
         for key, value in _plain(s, optimizer, data[s], dtype).items():
             torch.testing.assert_close(stack.tasks[k].state_dict()[key], value, rtol=0, atol=1e-12, msg=f"{k} {key}")
+
+
+@pytest.mark.slow
+def test_a_resumed_stack_of_arms_continues_its_runs_as_the_uninterrupted_fit(paperlab_tmp: Path) -> None:
+    """Rows of two learning rates (their groups' Adam state and StepLR rates in the stack's last.ckpt): two
+    epochs, then ``--ckpt_path last`` to a third, equal bit for bit to three epochs at once."""
+    rows = json.dumps([{"seed": 0, "overrides": {LR: 0.01}}, {"seed": 0, "overrides": {LR: 0.03}}])
+    base = ["--config", str(REPO / "configs/mlp_classifier/yinyang.yaml"), "--run.rows", rows,
+            "--data.train_size", "300", "--data.val_size", "200",
+            "--model.lr_scheduler.init_args.step_size", "1"]  # the rates change at every epoch end
+    assert run_training(["fit", *base, "--trainer.max_epochs", "3", "--run.name", "whole"]) == 0
+    assert run_training(["fit", *base, "--trainer.max_epochs", "2", "--run.name", "cut"]) == 0
+    assert run_training(["fit", *base, "--trainer.max_epochs", "3", "--run.name", "cut", "--ckpt_path", "last"]) == 0
+    runs = {r.info.run_name: r for r in client().search_runs(
+        [client().get_experiment_by_name("mlp_classifier").experiment_id])}
+    folders = paperlab_tmp / "checkpoints/mlp_classifier"
+    for arm in ("lr=0.01 s0", "lr=0.03 s0"):
+        whole, cut = runs[f"whole {arm}"], runs[f"cut {arm}"]
+        assert cut.info.status == "FINISHED"
+        for key in ("val/loss", "train/loss", "val/acc_best"):
+            assert _history(whole, key) == _history(cut, key), (arm, key)
+        a = torch.load(folders / f"whole_{arm.replace(' ', '_')}/last.ckpt", weights_only=True)["state_dict"]
+        b = torch.load(folders / f"cut_{arm.replace(' ', '_')}/last.ckpt", weights_only=True)["state_dict"]
+        assert all(torch.equal(a[k], b[k]) for k in a), arm
+    state = torch.load(folders / "cut_seeds/last.ckpt", weights_only=False)
+    assert [g["lr"] for g in state["optimizer_states"][0]["param_groups"]] == [0.01 * 0.5**3, 0.03 * 0.5**3]
