@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import logging
 import math
 import os
@@ -200,6 +201,25 @@ class SeedRun:
     tags: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class StackRow:
+    """One row of a stack (``--run.rows``): the plain run of ``seed`` with ``overrides`` of its optimizer's
+    hyperparameters (full keys, ``model.init_args.optimizer.init_args.lr``), named ``name`` (default
+    ``<run name> <overrides> s<seed>``) and tagged with ``tags`` beyond ``--run.tags``."""
+
+    seed: int
+    name: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+#: the keys a row of a stack may set: its optimizer's hyperparameters (the class stays the first row's)
+ROW_KEYS = "model.init_args.optimizer.init_args."
+#: the keys of a row's resolved config that may differ from the first row's besides ROW_KEYS: its seed, name
+#: and tags (and the stack's own options, None in every row)
+ROW_NAMING = ("seed_everything", "run.name", "run.tags", "run.seeds", "run.seed_runs", "run.rows")
+
+
 def model_class(class_path: str) -> type:
     module_name, _, name = class_path.rpartition(".")
     return getattr(importlib.import_module(module_name), name)
@@ -263,6 +283,14 @@ class PaperlabCLI(LightningCLI):
                             help="with --run.seeds: each seed's run name and extra tags; the seeds' runs then hang "
                             "under --run.parent_run_id directly, with no '<run name> seeds' run (what a sweep's "
                             "vectorize_seeds passes)")
+        parser.add_argument("--run.rows", type=list[StackRow] | None, default=None,
+                            help="instead of --run.seeds: fit these rows in one process, each the plain run of its "
+                            "seed with its own optimizer hyperparameters, e.g. '[{seed: 0, overrides: "
+                            "{model.init_args.optimizer.init_args.lr: 0.01}}, {seed: 0, overrides: {...: 0.003}}]' "
+                            "(keys as --print_config shows them; anything else must be the same in every row); "
+                            "each row's run is named 'name' (default '<run name> lr=0.01 s0') and tagged 'tags'; "
+                            "under --run.parent_run_id directly when given (what a sweep's vectorize_arms passes), "
+                            "else under '<run name> seeds'")
         parser.add_argument("--run.num_threads", type=int | None, default=None,
                             help="torch intra-op CPU threads (1 is fastest for tiny models; default: torch's)")
         # typed as callbacks: with list[Diagnostic], jsonargparse 4.53 drops a subclass's dataclass defaults
@@ -335,15 +363,28 @@ class PaperlabCLI(LightningCLI):
         self.experiment_dir = Path(self._value(self.config, "run").checkpoint_root) / self.experiment
         self.earlier: str | None = None  # where an earlier run of this name left its files (the summary says)
         self.resolved_ckpt_path = None
-        self.seeds = self._value(self.config, "run").seeds
+        run = self._value(self.config, "run")
+        self.seeds, self.rows = run.seeds, run.rows
+        if self.rows is not None:
+            if run.seeds is not None or run.seed_runs is not None:
+                raise ConfigError("--run.rows lists each row's seed itself: drop --run.seeds and --run.seed_runs")
+            if not self.rows:
+                raise ConfigError("--run.rows is empty: give at least one row, e.g. '[{seed: 0}]'")
+            if self.subcommand and self.subcommand != "fit":
+                raise ConfigError(f"{self.subcommand} with --run.rows is not built: evaluate each row's run by its "
+                                  f"plain command ({self.subcommand} --run.name '<the row's run name>' with its "
+                                  "overrides)")
+            self.seeds = list(range(len(self.rows)))  # the rows' keys: their metrics are s<key>/...
         if self.subcommand and self.seeds and self.subcommand != "fit":
             pass  # each seed's run resolves its own checkpoint (``_evaluate_seeds``)
         elif self.subcommand and self.seeds:
             # a seed-parallel fit resumes from the stack's own last.ckpt, in the folder of '<run name> seeds'
             ckpt_path = self._value(self.config, "ckpt_path")
             if ckpt_path == "best":
+                how = ("test --run.name '<the row's run name>' with its overrides" if self.rows
+                       else f"test --run.seeds {self.seeds}")
                 raise ConfigError("a seed-parallel fit resumes from last (--ckpt_path last); each seed's best "
-                                  f"checkpoint is for evaluation: test --run.seeds {self.seeds} --ckpt_path best")
+                                  f"checkpoint is for evaluation: {how} --ckpt_path best")
             self.resolved_ckpt_path = resolve_checkpoint(ckpt_path, self._seed_group_folder())
             self.config[f"{self.subcommand}.ckpt_path"] = self.resolved_ckpt_path
         elif self.subcommand:
@@ -385,22 +426,64 @@ class PaperlabCLI(LightningCLI):
 
     def _seed_config(self, seed: int) -> Any:
         """The parsed config of the plain run of ``seed``: ``seed_everything: seed``, no ``run.seeds``; with
-        ``run.seed_runs``, the name and tags that plain run would have been given (a sweep's point)."""
+        ``run.seed_runs``, the name and tags that plain run would have been given (a sweep's point). With
+        ``run.rows``, ``seed`` is a row's key: the plain run of that row (its seed, name, tags, overrides)."""
         config = self.config.clone()
         prefix = f"{self.subcommand}." if self.subcommand else ""
-        config[f"{prefix}seed_everything"] = seed
+        row = self.rows[seed] if self.rows else None
+        config[f"{prefix}seed_everything"] = row.seed if row else seed
         config[f"{prefix}run.seeds"] = None
         config[f"{prefix}run.seed_runs"] = None
+        config[f"{prefix}run.rows"] = None
         own = self._seed_run(seed)
-        if own is not None:
+        if own is not None and own.name is not None:
             config[f"{prefix}run.name"] = own.name
+        if own is not None:
             config[f"{prefix}run.tags"] = {**(config[f"{prefix}run.tags"] or {}), **own.tags}
+        for key, value in (row.overrides if row else {}).items():
+            if not key.startswith(ROW_KEYS) or f"{prefix}{key}" not in config:
+                raise ConfigError(f"--run.rows: row {seed} sets '{key}', which is not a hyperparameter of the "
+                                  f"config's optimizer (a row sets keys under {ROW_KEYS} as --print_config "
+                                  "shows them; anything else is the same for every row)")
+            config[f"{prefix}{key}"] = value
         return config
 
     def _seed_run(self, seed: int) -> Any:
-        """``--run.seed_runs``'s entry of ``seed`` (its ``name`` and ``tags``), or None without the option."""
+        """``--run.seed_runs``'s entry of ``seed`` (its ``name`` and ``tags``), ``--run.rows``' row of that key,
+        or None without either."""
+        if getattr(self, "rows", None):
+            return self.rows[seed]
         seed_runs = self._value(self.config, "run").seed_runs
         return seed_runs[seed] if seed_runs else None
+
+    def _row_name(self, key: int) -> str:
+        """A stack's run of one seed or row: ``--run.seed_runs``'s or the row's name, else ``<run name> s<seed>``
+        (a row: ``<run name> lr=0.01 s<seed>``, its overrides as a plain fit's name shows them)."""
+        own = self._seed_run(key)
+        if own is not None and own.name is not None:
+            return own.name
+        if self.rows:
+            row = self.rows[key]
+            label = override_label([(k, str(v)) for k, v in row.overrides.items()])
+            return child_name(" ".join(filter(None, [self.run_name, label])), row.seed)
+        return child_name(self.run_name, key)
+
+    def _check_rows(self, configs: list[Any]) -> None:
+        """Rows differ from the first in their seed, name, tags and optimizer hyperparameters only: anything
+        else (the optimizer's class, the scheduler, the model, the data) is refused in one line."""
+        from seed_parallel.stack import rows_refusal
+
+        prefix = f"{self.subcommand}." if self.subcommand else ""
+        skip = tuple(prefix + k for k in ROW_NAMING)
+        first = dict(configs[0].items(branches=False))
+        for k, config in enumerate(configs[1:], 1):
+            other = dict(config.items(branches=False))
+            for key in sorted(first.keys() | other.keys()):
+                if key.startswith((*skip, prefix + ROW_KEYS)) or first.get(key) == other.get(key):
+                    continue
+                what = " (a different optimizer class)" if key == f"{prefix}model.init_args.optimizer.class_path" else ""
+                raise rows_refusal(f"row {k} differs from row 0 in {key.removeprefix(prefix)}{what}; rows may "
+                                   f"differ in their seed and their optimizer's hyperparameters ({ROW_KEYS}*) only")
 
     def _instantiate_seeds(self, seeds: list[int]) -> None:
         """A seed-parallel fit (``--run.seeds``): the task and the data built once per seed, exactly as the plain
@@ -411,6 +494,14 @@ class PaperlabCLI(LightningCLI):
         from seed_parallel.stack import SeedStack, SeedStackData
 
         seed_runs = self._value(self.config, "run").seed_runs
+        if self.rows:
+            configs = [self._seed_config(k) for k in seeds]
+            self._check_rows(configs)
+            names = [self._row_name(k) for k in seeds]
+            if len(set(names)) != len(names):
+                twice = sorted({n for n in names if names.count(n) > 1})
+                raise ConfigError(f"--run.rows names two rows' runs alike ({', '.join(twice)}): give each row a "
+                                  "distinct name, or distinct seeds or overrides")
         if seed_runs is not None and set(seed_runs) != set(seeds):
             raise ConfigError(f"--run.seed_runs names seeds {sorted(seed_runs)}, --run.seeds lists {sorted(seeds)}: "
                               "give every seed of --run.seeds one entry")
@@ -419,24 +510,27 @@ class PaperlabCLI(LightningCLI):
         tasks, datamodules, states = [], [], []
         self.seed_configs: dict[int, str] = {}
         for s in seeds:
-            config = self._seed_config(s)
-            seed_everything(s, workers=True)
-            with run_seed_context(s):
+            config = configs[s] if self.rows else self._seed_config(s)
+            seed = self.rows[s].seed if self.rows else s
+            seed_everything(seed, workers=True)
+            with run_seed_context(seed):
                 init = self.parser.instantiate_classes(config)
             states.append(torch.get_rng_state())  # what a plain run's DataLoader would shuffle from
             tasks.append(self._get(init, "model"))
             datamodules.append(self._get(init, "data"))
             if s == seeds[0]:
                 self.config_init = init
-            if s == seeds[0] or seed_runs is not None:
+            if s == seeds[0] or seed_runs is not None or self.rows:
                 # dumped once (it costs about 0.1 s) when the seeds' configs differ in the seed line only; with
                 # --run.seed_runs their names and tags differ too
                 dumped = self._parser(self.subcommand).dump(config.get(str(self.subcommand), config), skip_none=False)
                 if len(SEED_LINE.findall(dumped)) != 1:
                     raise RuntimeError("the dumped config has no single top-level seed_everything line")
-            self.seed_configs[s] = SEED_LINE.sub(f"seed_everything: {s}", dumped)
+            self.seed_configs[s] = SEED_LINE.sub(f"seed_everything: {seed}", dumped)
         self.datamodule = SeedStackData(datamodules, states)
-        self.model = SeedStack(tasks, seeds)
+        # a row's identity for a resume to check: its seed and overrides
+        rows = [json.dumps({"seed": r.seed, **r.overrides}, sort_keys=True) for r in self.rows] if self.rows else None
+        self.model = SeedStack(tasks, seeds, rows=rows)
         self.trainer = self.instantiate_trainer()
         self.model.check_trainer(self.trainer)
 
@@ -452,7 +546,9 @@ class PaperlabCLI(LightningCLI):
             raise refusal(f"callbacks and diagnostics ({names}) watch one model, not a stack of seeds; drop them "
                           "with --trainer.callbacks=[] (and no --diagnostics)")
         run = self._value(self.config, "run")
-        names = {s: self._seed_run(s).name if run.seed_runs else child_name(self.run_name, s) for s in self.seeds}
+        names = {s: self._row_name(s) for s in self.seeds}
+        # the runs hang under --run.parent_run_id directly (a sweep's): with --run.seed_runs, or rows under a parent
+        shared = bool(run.seed_runs) or bool(self.rows and run.parent_run_id)
         folders = {s: self._folder(names[s]) for s in self.seeds}
         self.ckpt_dir = self._seed_group_folder()
         resumed = self.resolved_ckpt_path is not None
@@ -462,25 +558,26 @@ class PaperlabCLI(LightningCLI):
                 check_checkpoint_folder(folder)
         tags = {**(run.tags or {}), **self._fit_tags()}
         # each seed's tags: a sweep's own (--run.seed_runs), else this fit's group, read as a sweep by compare
-        group = {} if run.seed_runs else {"sweep.name": parent_name(self.run_name)}
-        seed_tags = {s: {**tags, **group, **(self._seed_run(s).tags if run.seed_runs else {})} for s in self.seeds}
+        group = {} if shared else {"sweep.name": parent_name(self.run_name)}
+        seed_tags = {s: {**tags, **group, **(self._seed_run(s).tags if run.seed_runs or self.rows else {})}
+                     for s in self.seeds}
         logged = trainer_config.get("logger") in (None, True)
         if logged:
             check_tracking_server(default_tracking_uri())
             # runs of these names left RUNNING by a process that has ended (kill -9): marked KILLED, as a plain
             # fit does for its name (one query for all of them)
-            own = [] if run.seed_runs else [parent_name(self.run_name)]
+            own = [] if shared else [parent_name(self.run_name)]
             self._orphans_closed(self.run_name, names=[*own, *names.values()])
             uri = default_tracking_uri()
-            if run.seed_runs:
+            if shared:
                 # the seeds' runs go under the given run (a sweep's parent), which this fit neither ends nor
                 # gives params: its config and params are the sweep's business
                 kwargs["logger"] = SeedRunsLogger(self.seeds, experiment_name=self.experiment, tracking_uri=uri,
                                                   run_id=run.parent_run_id, keep_end_time=True, shares_parent=True)
                 self.save_config_callback = None
             else:
-                parent_tags = {**tags, **group, "sweep.role": "parent",
-                               "paperlab.seeds": " ".join(map(str, self.seeds))}
+                parent_tags = {**tags, **group, "sweep.role": "parent", "paperlab.seeds": " ".join(
+                    map(str, [r.seed for r in self.rows] if self.rows else self.seeds))}
                 if run.parent_run_id:
                     parent_tags["mlflow.parentRunId"] = run.parent_run_id
                 parent_id = self._resumed_run(self.ckpt_dir, uri) if resumed else None
@@ -490,7 +587,8 @@ class PaperlabCLI(LightningCLI):
             if resumed:
                 kwargs["logger"].resume_children({s: self._resumed_run(folders[s], uri) for s in self.seeds})
         outputs = SeedOutputs(self.seeds, names, folders, self.seed_configs, seed_tags,
-                              self.model.monitor, self.model.monitor_mode, self.ckpt_dir)
+                              self.model.monitor, self.model.monitor_mode, self.ckpt_dir,
+                              row_seeds={k: r.seed for k, r in enumerate(self.rows)} if self.rows else None)
         self.seed_outputs = outputs
         callbacks: list[Callback] = [outputs]
         if trainer_config.get("enable_checkpointing", True) is not False:

@@ -85,7 +85,8 @@ class SeedRunsLogger(PaperlabMLFlowLogger):
               tags: dict[int, dict[str, Any]]) -> None:
         for seed in self.seeds:
             child = self.children[seed]
-            child.log_hyperparams({**params[seed], "seed_everything": seed})  # creates the run, in seed order
+            # creates the run, in seed order; a row's params hold its own seed (its key is not a seed)
+            child.log_hyperparams({"seed_everything": seed, **params[seed]})
             if seed in self._resumed:
                 child.set_tags(tags[seed])  # a resumed run: this process owns it now (its process tag)
             log_artifact_bytes(child, configs[seed], "config/config.yaml")
@@ -161,12 +162,14 @@ class SeedOutputs(Callback):
         configs: the dumped config (YAML) of the plain run of each seed.
         tags: each seed's child run's tags (the command line's, the group's or the sweep's).
         monitor, mode: the task's monitored metric and its direction.
+        row_seeds: with ``--run.rows``, each row's seed (``seeds`` are then the rows' keys).
     """
 
     def __init__(self, seeds: Sequence[int], names: Mapping[int, str], folders: Mapping[int, Path],
                  configs: Mapping[int, str], tags: Mapping[int, Mapping[str, Any]], monitor: str, mode: str,
-                 group_folder: Path | None = None) -> None:
+                 group_folder: Path | None = None, row_seeds: Mapping[int, int] | None = None) -> None:
         self.seeds = [int(s) for s in seeds]
+        self.row_seeds = dict(row_seeds) if row_seeds is not None else None
         self.group_folder = group_folder
         self.names, self.folders, self.configs = dict(names), dict(folders), dict(configs)
         self.tags = {int(s): dict(t) for s, t in tags.items()}
@@ -185,7 +188,8 @@ class SeedOutputs(Callback):
         logger.open_children(self.names, tags, self._params(), self.configs, self.folders)
         if self.group_folder is not None:
             # the parent run a resume of the stack continues (a sweep's, when shared) and the stack's seeds
-            write_run_record(self.group_folder, logger, seeds=self.seeds)
+            rows = {"rows": [self.names[k] for k in self.seeds]} if self.row_seeds is not None else {}
+            write_run_record(self.group_folder, logger, seeds=self.seeds, **rows)
             if trainer.ckpt_path is not None and not logger.shares_parent:  # a resume: this process owns the run
                 logger.set_tags({PROCESS_TAG: this_process()})
 
@@ -204,7 +208,7 @@ class SeedOutputs(Callback):
         bare = {s: SEED_LINE.sub("", text) for s, text in self.configs.items()}
         if len(set(bare.values())) == 1:
             shared = fit_params(self.configs[self.seeds[0]])
-            return {s: shared for s in self.seeds}
+            return {s: {**shared, "seed_everything": s} for s in self.seeds}
         return {s: fit_params(self.configs[s]) for s in self.seeds}
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -276,7 +280,8 @@ def seed_summary(module: Any, outputs: SeedOutputs, logger: Any, metrics: Mappin
     lines = []
     monitor = outputs.monitor
     parent = f"parent run {logger.run_id}" if isinstance(logger, SeedRunsLogger) else "no MLflow run"
-    lines.append(f"  {len(outputs.seeds)} seeds in one process ({parent})")
+    what = "rows (arms x seeds)" if outputs.row_seeds is not None else "seeds"
+    lines.append(f"  {len(outputs.seeds)} {what} in one process ({parent})")
     for seed in outputs.seeds:
         last = metrics.get(f"s{seed}/{monitor}")
         best = outputs.best.get(seed)
@@ -285,5 +290,6 @@ def seed_summary(module: Any, outputs: SeedOutputs, logger: Any, metrics: Mappin
         if best is not None and seed not in module.failed:
             state += f", best {best:.4g}"
         run = logger.children[seed].run_id if isinstance(logger, SeedRunsLogger) and seed in logger.children else "-"
-        lines.append(f"  s{seed}: {state}; run {run}; {outputs.folders[seed]}/")
+        label = f"'{outputs.names[seed]}'" if outputs.row_seeds is not None else f"s{seed}"
+        lines.append(f"  {label}: {state}; run {run}; {outputs.folders[seed]}/")
     return lines

@@ -13,10 +13,21 @@ weight decay, Adam(W)), so one step over a stack is K independent steps, with on
 ``SeedStackData`` holds the K DataModules (each built under its own seed: its data and its order are the
 plain run's) and zips their loaders (``ZipLoader``): step ``i`` gets batch ``i`` of every seed, stacked.
 
+Rows: a stack's rows need not be seeds only. Each row is one plain run's config, which may differ from
+the first row's in its seed and in its optimizer's hyperparameters (``--run.rows``: arms of a learning
+rate, weight decay or momentum). When the rows' optimizers differ, the optimizer gets one param group per
+block of consecutive rows with equal settings (an arm's seeds), built by the block's own task over leaf
+views of its rows of every stacked tensor (``stacked.detach()[a:b]``: they share its storage, so the
+group's update writes the stack), merged into one optimizer of the first row's class;
+``on_before_optimizer_step`` hands each block's leaves its slice of the stacked gradient. torch's
+optimizers and schedulers take their hyperparameters per group and are elementwise, so each row steps as
+its plain run does. Rows whose optimizers all agree keep the seeds-only path: one group over the
+stacked tensors.
+
 What is refused, in one line naming the sequential fallback (``refusal``): a task that is not
 ``vectorizable``, a step that does not run under ``vmap``, gradient clipping (it would clip the norm over
 all seeds), accumulated gradients, ``ReduceLROnPlateau`` (it follows one metric, not K), several
-optimizers.
+optimizers, rows whose optimizers are of different classes.
 """
 
 from __future__ import annotations
@@ -56,6 +67,12 @@ SEQUENTIAL = "run the seeds one after another instead (a sweep with `seeds:`, or
 def refusal(why: str) -> ConfigError:
     """The one line a seed-parallel run that cannot be vectorised fails with."""
     return ConfigError(f"--run.seeds cannot train these seeds in one process: {why}; {SEQUENTIAL}")
+
+
+def rows_refusal(why: str) -> ConfigError:
+    """The one line a stack of rows (``--run.rows``) that cannot share one process fails with."""
+    return ConfigError(f"--run.rows cannot train these rows in one process: {why}; run them one after another "
+                       "instead (a sweep without vectorize_arms, or one fit per row)")
 
 
 class _StepCall(nn.Module):
@@ -210,11 +227,15 @@ class SeedStack(L.LightningModule):
 
     Args:
         tasks: the seeds' tasks, each built under its own seed (``seed_everything(s)`` then the CLI's
-            instantiation), all of one class and one configuration.
-        seeds: their seeds, in the same order.
+            instantiation), all of one class and one configuration (with ``rows``: their optimizers' hyper-
+            parameters may differ).
+        seeds: their seeds, in the same order; with ``rows``, the rows' keys (distinct: ``0..K-1``), which
+            name their metrics ``s<key>/...``.
+        rows: each row's identity (its seed and optimizer overrides, in words) when the rows are not seeds
+            only: a resume checks that the checkpoint holds the same rows.
     """
 
-    def __init__(self, tasks: Sequence[PaperTask], seeds: Sequence[int]) -> None:
+    def __init__(self, tasks: Sequence[PaperTask], seeds: Sequence[int], rows: Sequence[str] | None = None) -> None:
         super().__init__()
         first = tasks[0]
         cls = type(first)
@@ -251,6 +272,12 @@ class SeedStack(L.LightningModule):
         self._chunk_chosen = False
         self._pending: dict[str, list[dict[str, tuple[Any, ...]]]] = {"train": [], "val": [], "test": []}
         self.failed: set[int] = set()  # seeds whose training loss became NaN or infinite: their runs end FAILED
+        self.rows = list(rows) if rows is not None else None
+        # when the rows' optimizers differ (configure_optimizers): the blocks of consecutive rows with equal
+        # optimizer settings, (first row, end), and per block leaf views of its rows of every stacked tensor,
+        # the params of its group; else empty (one group over the stacked tensors)
+        self.row_blocks: list[tuple[int, int]] = []
+        self.row_params: list[list[Tensor]] = []
         self.tie()
 
     # --- the stack and the copies ---------------------------------------------------------------------------
@@ -268,6 +295,9 @@ class SeedStack(L.LightningModule):
                 p.data = params[name].data[k]
             for name, b in task.named_buffers():
                 b.data = buffers[name].data[k]
+        for (start, end), leaves in zip(self.row_blocks, self.row_params, strict=True):
+            for leaf, p in zip(leaves, self.stacked, strict=True):
+                leaf.data = p.data[start:end]  # after a device or dtype move the stack has new storage
 
     def on_fit_start(self) -> None:
         self.tie()
@@ -275,12 +305,18 @@ class SeedStack(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["paperlab_seeds"] = list(self.seeds)
         checkpoint["paperlab_failed_seeds"] = sorted(self.failed)  # a resume keeps them stopped
+        if self.rows is not None:
+            checkpoint["paperlab_rows"] = list(self.rows)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("paperlab_seeds")
         if saved is not None and list(saved) != self.seeds:
             raise ConfigError(f"the checkpoint holds the stack of seeds {list(saved)}, not {self.seeds}: resume "
                               f"with --run.seeds \"{list(saved)}\", or start a fresh fit without --ckpt_path")
+        rows = checkpoint.get("paperlab_rows")
+        if rows != self.rows:
+            raise ConfigError(f"the checkpoint holds the rows {rows}, not {self.rows}: resume with the rows it "
+                              "was fitted with, or start a fresh fit without --ckpt_path")
         self.failed = set(checkpoint.get("paperlab_failed_seeds", []))
 
     # --- one step for all seeds ------------------------------------------------------------------------------
@@ -428,18 +464,75 @@ class SeedStack(L.LightningModule):
     # --- optimisation ---------------------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
         task = self.tasks[0]
-        optimizer = task.optimizer_factory(list(self.stacked))
-        if len(optimizer.param_groups) != 1:
-            raise refusal("the optimizer splits the parameters into groups")
-        if "foreach" in optimizer.defaults and optimizer.defaults["foreach"] is None:
-            # one fused update over all stacked tensors: the same elementwise maths as the per-tensor loop
-            optimizer.param_groups[0]["foreach"] = True
+        blocks = self._row_blocks()
+        if len(blocks) > 1:
+            optimizer = self._row_optimizer(blocks)
+        else:
+            optimizer = task.optimizer_factory(list(self.stacked))
+            if len(optimizer.param_groups) != 1:
+                raise refusal("the optimizer splits the parameters into groups")
+        for group in optimizer.param_groups:
+            if "foreach" in optimizer.defaults and group.get("foreach") is None:
+                # one fused update over all stacked tensors: the same elementwise maths as the per-tensor loop
+                group["foreach"] = True
         if task.lr_scheduler_factory is None:
             return optimizer
+        # the first row's scheduler over every group: the rows' schedulers are one config (the CLI checks),
+        # and a scheduler keeps each group's own rates (base_lrs per group)
         scheduler = task.lr_scheduler_factory(optimizer)
         if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             raise refusal("ReduceLROnPlateau follows one monitored value, and each seed has its own")
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": task.scheduler_interval}}
+
+    def _row_blocks(self) -> list[tuple[int, int]]:
+        """The rows as blocks of consecutive rows whose optimizers agree, ``(first row, end)``: one block when
+        all agree (the seeds-only path). From one probe optimizer per row on a dummy tensor (microseconds); a
+        different class is refused."""
+        probe = torch.zeros(1, requires_grad=True)
+        built = [task.optimizer_factory([probe]) for task in self.tasks]
+        classes = {type(o).__name__ for o in built}
+        if len(classes) > 1:
+            raise rows_refusal(f"the rows' optimizers are of different classes ({', '.join(sorted(classes))}); rows "
+                          "may differ in their optimizer's hyperparameters only")
+        settings = [{k: v for k, v in o.param_groups[0].items() if k != "params"} for o in built]
+        blocks = [(0, 1)]
+        for k in range(1, len(settings)):
+            if settings[k] == settings[k - 1]:
+                blocks[-1] = (blocks[-1][0], k + 1)
+            else:
+                blocks.append((k, k + 1))
+        return blocks
+
+    def _row_optimizer(self, blocks: list[tuple[int, int]]) -> torch.optim.Optimizer:
+        """One optimizer, one param group per block of rows with equal settings (a sweep's rows come arm by
+        arm, so a block is an arm's seeds): its group is what the block's first task's optimizer makes of leaf
+        views of the block's rows of every stacked tensor (see the module docstring). Per row would do too;
+        per block, K seeds of A arms cost A group updates a step, not K."""
+        self.row_blocks = blocks
+        self.row_params = [[p.detach()[start:end] for p in self.stacked] for start, end in blocks]
+        optimizer: torch.optim.Optimizer | None = None
+        for (start, _), leaves in zip(blocks, self.row_params, strict=True):
+            own = self.tasks[start].optimizer_factory(leaves)
+            if len(own.param_groups) != 1:
+                raise refusal("the optimizer splits the parameters into groups")
+            if optimizer is None:
+                optimizer = own
+            else:
+                optimizer.add_param_group(own.param_groups[0])
+        assert optimizer is not None
+        return optimizer
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Rows with their own param groups: each block's leaves get its slice of the stacked gradient (views,
+        no copy), and the stacked gradient is let go, so the next backward starts from none (the optimizer's
+        ``zero_grad`` clears the blocks' slices)."""
+        if not self.row_params:
+            return
+        for i, p in enumerate(self.stacked):
+            grad = p.grad
+            for (start, end), leaves in zip(self.row_blocks, self.row_params, strict=True):
+                leaves[i].grad = None if grad is None else grad[start:end]
+            p.grad = None
 
     def check_trainer(self, trainer: L.Trainer) -> None:
         """Refuse what would couple the seeds (or is not built): clipping, accumulation, several processes."""

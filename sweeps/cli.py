@@ -49,6 +49,13 @@ def sweep_parser() -> argparse.ArgumentParser:
         "true; a vectorizable task only, docs/sweeps.md)",
     )
     p.add_argument(
+        "--vectorize-arms",
+        action="store_true",
+        help="also train points that differ only in the optimizer's hyperparameters (model.optimizer.init_args.*) "
+        "and the seed in one process, one row each (the sweep file's vectorize_arms: true; implies "
+        "--vectorize-seeds; docs/sweeps.md)",
+    )
+    p.add_argument(
         "--point",
         type=int,
         action="append",
@@ -185,7 +192,8 @@ def build_plan(args: argparse.Namespace):
     from tracking.uri import default_tracking_uri
 
     spec = load_sweep(args.config)
-    spec.vectorize_seeds = spec.vectorize_seeds or args.vectorize_seeds
+    spec.vectorize_arms = spec.vectorize_arms or args.vectorize_arms
+    spec.vectorize_seeds = spec.vectorize_seeds or args.vectorize_seeds or spec.vectorize_arms
     resolved = canonicalize(spec)  # model.lr -> model.init_args.lr, before the points are named
     points = expand(spec)
     validate(spec, points, resolved)
@@ -338,8 +346,10 @@ def _print_commands(args: argparse.Namespace, plan, parent_id: str, only: list[i
         print(f"\n# {path} (not written: --dry-run)")
         print(_slurm_text(args, plan))
         return
-    print("\n# commands, one point after the other" + (" (a point's seeds in one fit: vectorize_seeds)"
-                                                        if plan.spec.vectorize_seeds else "") + ":")
+    together = (" (points that differ in optimizer hyperparameters and seed in one fit: vectorize_arms)"
+                if plan.spec.vectorize_arms else " (a point's seeds in one fit: vectorize_seeds)"
+                if plan.spec.vectorize_seeds else "")
+    print(f"\n# commands, one point after the other{together}:")
     for job in plan.jobs(points):
         p = job[0]
         if plan.spec.vectorize_seeds:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweeps.spec import REPO, Point, SweepSpec, canonical, expand
+from sweeps.spec import REPO, Point, SweepSpec, canonical, expand, is_arm_key, label_value, safe_name
 from tracking.names import RUN_FILE, folder_name, parent_name
 
 PARENT_ROLE = "parent"
@@ -77,9 +77,10 @@ class SweepPlan:
             "sweep.index": str(point.index),
         }
 
-    def _common(self, point: Point, name: str | None = None, seeded: bool = True) -> list[str]:
-        """The config, the point's overrides (``--run.tags`` apart), its seed and its run name."""
-        overrides = {k: v for k, v in point.overrides.items() if k != "run.tags"}
+    def _common(self, point: Point, name: str | None = None, seeded: bool = True, arms: bool = False) -> list[str]:
+        """The config, the point's overrides (``--run.tags`` apart; ``arms``: its optimizer hyperparameters
+        apart too, each row gives its own), its seed and its run name."""
+        overrides = {k: v for k, v in point.overrides.items() if k != "run.tags" and not (arms and is_arm_key(k))}
         args = Point(point.index, point.label, point.values, overrides, point.seed, point.run_name).cli_args()
         if not seeded:
             args = args[:-2]  # cli_args ends with --seed_everything <seed>
@@ -106,13 +107,26 @@ class SweepPlan:
             return [[p] for p in points]
         groups: dict[str, list[Point]] = {}
         for p in points:
-            groups.setdefault(p.label, []).append(p)
+            groups.setdefault(self._group_key(p), []).append(p)
         return list(groups.values())
 
-    @staticmethod
-    def group_name(point: Point) -> str:
-        """The name of the seed-parallel fit of a point's seeds: its run names without ``-s<seed>``."""
-        return point.run_name.removesuffix(f"-s{point.seed}")
+    def _group_key(self, point: Point) -> str:
+        """Points of one key share a process: a swept value's seeds, or with ``vectorize_arms`` every point
+        whose overrides differ in the optimizer's hyperparameters and the seed only."""
+        if not self.spec.vectorize_arms:
+            return point.label
+        return canonical({k: v for k, v in point.overrides.items() if not is_arm_key(k)})
+
+    def group_name(self, point: Point) -> str:
+        """The name of the seed-parallel fit of a point's seeds: its run names without ``-s<seed>``; with
+        ``vectorize_arms``, the sweep's name, the values of the point that are not optimizer hyperparameters
+        (``base`` when there are none) and ``arms``."""
+        if not self.spec.vectorize_arms:
+            return point.run_name.removesuffix(f"-s{point.seed}")
+        swept = {*self.spec.grid, *(k for p in self.spec.points for k in p)}  # the same in every point of a group
+        parts = [f"{k.rsplit('.', 1)[-1]}={label_value(v)}" for k, v in point.overrides.items()
+                 if k in swept and not is_arm_key(k)]
+        return f"{self.spec.name}-{safe_name('-'.join(parts)) if parts else 'base'}-arms"
 
     def group_dir(self, point: Point) -> Path:
         """The folder of the seed-parallel fit of a point's seeds (the CLI's ``<run name> seeds`` as a folder):
@@ -130,6 +144,13 @@ class SweepPlan:
         config = self._common(first, name=self.group_name(first), seeded=False)
         runs = {str(p.seed): {"name": p.run_name, "tags": self.child_tags(p)} for p in points}
         user = {str(k): str(v) for k, v in (first.overrides.get("run.tags") or {}).items()}
+        if self.spec.vectorize_arms:
+            # one row per point: its seed, its optimizer hyperparameters, its plain fit's run name and tags
+            config = self._common(first, name=self.group_name(first), seeded=False, arms=True)
+            rows = [{"seed": p.seed, "name": p.run_name, "tags": self.child_tags(p),
+                     "overrides": {k: v for k, v in p.overrides.items() if is_arm_key(k)}} for p in points]
+            return ["fit", *config, "--run.rows", json.dumps(rows), "--run.parent_run_id", parent_id,
+                    "--run.tags", json.dumps(user)]
         return ["fit", *config, "--run.seeds", json.dumps([p.seed for p in points]), "--run.seed_runs",
                 json.dumps(runs), "--run.parent_run_id", parent_id, "--run.tags", json.dumps(user)]
 
@@ -683,7 +704,10 @@ class SweepRunner:
         complete ``last.ckpt`` and every seed's folder records a run of it that was left unfinished (RUNNING or
         KILLED). Otherwise (one seed killed of a stack whose others finished, seeds added) they fit afresh."""
         group = self.plan.group_dir(fit[0])
-        if (_run_record(group) or {}).get("seeds") != [p.seed for p in fit] or not _complete(group / "last.ckpt"):
+        record = _run_record(group) or {}
+        same = (record.get("rows") == [p.run_name for p in fit] if self.plan.spec.vectorize_arms
+                else record.get("seeds") == [p.seed for p in fit])
+        if not same or not _complete(group / "last.ckpt"):
             return False
         # a seed's own last.ckpt is written when the stack ends: its folder has the run record only
         return all(unfinished_recorded_run(existing.get(p.run_name, []), self.plan.ckpt_dir(p)) for p in fit)

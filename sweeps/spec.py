@@ -11,6 +11,8 @@ A sweep file (documented in ``docs/sweeps.md``)::
     overrides: {trainer.max_epochs: 10}      # applied to every point (a point's own value wins)
     seeds: [0, 1, 2]                         # seed_everything of each point (default: the base's seed)
     vectorize_seeds: false                   # true: a point's seeds train in one process (--run.seeds)
+    vectorize_arms: false                    # true: points differing in optimizer hyperparameters and seed
+                                             # share one process too (--run.rows; implies vectorize_seeds)
     test: true                               # test --ckpt_path best after each fit
     description: free text                   # shown as the parent run's description in MLflow
 
@@ -35,7 +37,11 @@ from cli_messages import config_keys, suggest_key
 from errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
-TOP_LEVEL_KEYS = ("name", "base", "grid", "points", "overrides", "seeds", "vectorize_seeds", "test", "description")
+TOP_LEVEL_KEYS = ("name", "base", "grid", "points", "overrides", "seeds", "vectorize_seeds", "vectorize_arms", "test",
+                  "description")
+#: the keys (full form) in which points of one process may differ with ``vectorize_arms``: the optimizer's
+#: hyperparameters (lightning_cli.ROW_KEYS, kept apart so that the runner need not import the trainer)
+ARM_KEYS = "model.init_args.optimizer.init_args."
 # Keys the sweep sets itself; a sweep file that sets them would silently break resumability or grouping.
 RESERVED_KEYS = {
     "seed_everything": "list the seeds in the sweep's `seeds:` entry instead",
@@ -46,12 +52,18 @@ RESERVED_KEYS = {
     "print_config": "use `python main.py sweep --dry-run`",
     "run.seeds": "list the seeds in `seeds:`, and set `vectorize_seeds: true` to train a point's seeds in one process",
     "run.seed_runs": "`vectorize_seeds: true` names each seed's run itself",
+    "run.rows": "`vectorize_arms: true` puts points that differ in optimizer hyperparameters into one fit itself",
 }
 MAX_RUN_NAME = 120
 
 
 class SweepError(ConfigError):
     """A sweep file or sweep argument that cannot run; the message names the fix."""
+
+
+def is_arm_key(key: str) -> bool:
+    """A key (full form) that ``vectorize_arms`` lets the points of one process differ in."""
+    return key.startswith(ARM_KEYS)
 
 
 def cli_value(value: Any) -> str:
@@ -80,17 +92,18 @@ def _flow(value: Any) -> str:
     return str(value)
 
 
-def _label_value(value: Any) -> str:
+def label_value(value: Any) -> str:
+    """A value as a point's label shows it (a class path: its class name)."""
     if isinstance(value, (list, tuple)):
-        return ",".join(_label_value(v) for v in value)
+        return ",".join(label_value(v) for v in value)
     if isinstance(value, dict):
-        return ",".join(f"{k}:{_label_value(v)}" for k, v in value.items())
+        return ",".join(f"{k}:{label_value(v)}" for k, v in value.items())
     if isinstance(value, str) and "." in value and "/" not in value:  # a class path: its class name
         return value.rsplit(".", 1)[-1] if re.fullmatch(r"[\w.]+\.[A-Z]\w*", value) else value
     return str(value)
 
 
-def _safe(text: str) -> str:
+def safe_name(text: str) -> str:
     """Run names are checkpoint folder names too: keep them to portable file-name characters."""
     return re.sub(r"[^A-Za-z0-9._,=+-]+", "_", text).strip("_") or "x"
 
@@ -128,6 +141,7 @@ class SweepSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     seeds: list[int] = field(default_factory=lambda: [0])
     vectorize_seeds: bool = False
+    vectorize_arms: bool = False
     test: bool = False
     description: str = ""
     path: Path | None = None
@@ -219,6 +233,9 @@ def parse_sweep(data: Any, path: Path | None = None, text: str = "") -> SweepSpe
     vectorize = data.get("vectorize_seeds", False)
     if not isinstance(vectorize, bool):
         raise SweepError(f"{where}: `vectorize_seeds:` must be true or false, got {vectorize!r}")
+    arms = data.get("vectorize_arms", False)
+    if not isinstance(arms, bool):
+        raise SweepError(f"{where}: `vectorize_arms:` must be true or false, got {arms!r}")
 
     spec = SweepSpec(
         name=name,
@@ -227,7 +244,8 @@ def parse_sweep(data: Any, path: Path | None = None, text: str = "") -> SweepSpe
         points=points,
         overrides=overrides,
         seeds=list(seeds_raw),
-        vectorize_seeds=vectorize,
+        vectorize_seeds=vectorize or arms,  # arms are rows of a seed-parallel stack
+        vectorize_arms=arms,
         test=test,
         description=str(data.get("description") or ""),
         path=path,
@@ -292,8 +310,8 @@ def expand(spec: SweepSpec) -> list[Point]:
     short = _short_keys(varying)
     labels = []
     for combo in combos:
-        parts = [f"{short[k]}={_label_value(combo[k])}" for k in varying if k in combo]
-        labels.append(_safe("-".join(parts)) if parts else "base")
+        parts = [f"{short[k]}={label_value(combo[k])}" for k in varying if k in combo]
+        labels.append(safe_name("-".join(parts)) if parts else "base")
     seen: dict[str, int] = {}
     for i, label in enumerate(labels):  # distinct values can sanitise to the same text
         if label in seen:

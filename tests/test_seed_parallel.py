@@ -384,3 +384,217 @@ def test_the_seeds_unwritten_metrics_travel_in_the_checkpoint_and_reach_their_ru
     for seed, value in ((0, 0.5), (1, 0.25)):
         assert [(m.step, m.value) for m in client().get_metric_history(ids[seed], "val/loss")] == [(7, value)]
     assert client().get_run(first.run_id).data.metrics == {}
+
+
+# --- rows: arms of optimizer hyperparameters x seeds in one stack (--run.rows) ---------------------------------
+ARMS = [(functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.1), 3),
+        (functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.1), 7),
+        (functools.partial(torch.optim.AdamW, lr=0.002, weight_decay=0.1), 3),
+        (functools.partial(torch.optim.AdamW, lr=0.01, weight_decay=0.0), 7)]
+
+
+def _rows_stack(arms: list, data: dict[int, list], dtype: torch.dtype, steps: range,
+                stack: SeedStack | None = None, opt: torch.optim.Optimizer | None = None) -> tuple[SeedStack, object]:
+    """A stack of rows (optimizer, seed) stepped as Lightning steps it: zero_grad, backward, the hook, step."""
+    if stack is None:
+        stack = SeedStack([_task(s, o) for o, s in arms], list(range(len(arms))),
+                          rows=[f"{o.keywords} s{s}" for o, s in arms]).to(dtype)
+        stack.tie()
+        opt = stack.configure_optimizers()
+    for i in steps:
+        batch = tuple(torch.stack([data[s][i][j] for _, s in arms]) for j in range(2))
+        opt.zero_grad()
+        loss, _ = stack.seed_step(batch, "train")
+        loss.sum().backward()
+        stack.on_before_optimizer_step(opt)
+        opt.step()
+    return stack, opt
+
+
+def test_rows_that_differ_in_their_optimizers_hyperparameters_each_take_their_plain_steps() -> None:
+    """Two seeds x (lr, weight decay) arms: one param group per row, each row equal to its plain run; the
+    same rows with two learning rates swapped are not."""
+    dtype = torch.float64
+    data = {s: _batches(s, 5, dtype) for s in (3, 7)}
+    stack, opt = _rows_stack(ARMS, data, dtype, range(5))
+    # rows 0 and 1 agree: one group (one block); rows 2 and 3 each differ from their neighbour
+    assert stack.row_blocks == [(0, 2), (2, 3), (3, 4)] and [g["lr"] for g in opt.param_groups] == [0.01, 0.002, 0.01]
+    for k, (optimizer, s) in enumerate(ARMS):
+        for key, value in _plain(s, optimizer, data[s], dtype).items():
+            torch.testing.assert_close(stack.tasks[k].state_dict()[key], value, rtol=0, atol=1e-12, msg=f"{k} {key}")
+    swapped = [ARMS[2], ARMS[1], ARMS[0], ARMS[3]]  # rows 0 and 2 (seed 3) with each other's learning rate
+    other, _ = _rows_stack([(o, s) for (o, _), (_, s) in zip(swapped, ARMS, strict=True)], data, dtype, range(5))
+    plain = _plain(3, ARMS[0][0], data[3], dtype)
+    assert max((other.tasks[0].state_dict()[k] - v).abs().max() for k, v in plain.items()) > 1e-4
+
+
+def test_rows_with_sgd_momentum_arms_take_their_plain_steps_and_one_optimizer_keeps_one_group() -> None:
+    dtype = torch.float64
+    arms = [(functools.partial(torch.optim.SGD, lr=0.1, momentum=m), 3) for m in (0.0, 0.9)]
+    data = {3: _batches(3, 4, dtype)}
+    stack, opt = _rows_stack(arms, data, dtype, range(4))
+    assert [g["momentum"] for g in opt.param_groups] == [0.0, 0.9]
+    for k, (optimizer, s) in enumerate(arms):
+        for key, value in _plain(s, optimizer, data[s], dtype).items():
+            torch.testing.assert_close(stack.tasks[k].state_dict()[key], value, rtol=0, atol=1e-12, msg=f"{k} {key}")
+    same = SeedStack([_task(s, OPTIMIZERS["adamw"]) for s in (3, 7)], [0, 1], rows=["a", "b"])
+    assert len(same.configure_optimizers().param_groups) == 1 and not same.row_params  # the seeds-only path
+
+
+def test_rows_with_optimizers_of_different_classes_are_refused_in_one_line() -> None:
+    stack = SeedStack([_task(0, OPTIMIZERS["adamw"]), _task(1, OPTIMIZERS["sgd momentum wd"])], [0, 1], rows=["a", "b"])
+    with pytest.raises(ConfigError, match=r"--run.rows cannot.*optimizers are of different classes \(AdamW, SGD\).*one after another"):
+        stack.configure_optimizers()
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # built after the steps
+def test_a_rows_optimizer_state_and_schedule_round_trip_through_a_checkpoint() -> None:
+    """The per-row groups' state (Adam's moments, each group's rate under a StepLR) saved after 3 steps and
+    loaded into a fresh stack of the same rows: equal state, and the next 2 steps equal the uninterrupted 5."""
+    dtype = torch.float64
+    data = {s: _batches(s, 5, dtype) for s in (3, 7)}
+    whole, _ = _rows_stack(ARMS, data, dtype, range(5))
+    cut, opt = _rows_stack(ARMS, data, dtype, range(3))
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scheduler.step()
+    saved = {"opt": opt.state_dict(), "sched": scheduler.state_dict(), "weights": cut.state_dict(),
+             "ckpt": {}}
+    cut.on_save_checkpoint(saved["ckpt"])
+    fresh = SeedStack([_task(s, o) for o, s in ARMS], list(range(4)), rows=[f"{o.keywords} s{s}" for o, s in ARMS])
+    fresh = fresh.to(dtype)
+    fresh.on_load_checkpoint(saved["ckpt"])
+    fresh.load_state_dict(saved["weights"])
+    fresh.tie()
+    opt2 = fresh.configure_optimizers()
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=1, gamma=0.5)
+    opt2.load_state_dict(saved["opt"])
+    sched2.load_state_dict(saved["sched"])
+    assert [g["lr"] for g in opt2.param_groups] == [g["lr"] for g in opt.param_groups] == [0.005, 0.001, 0.005]
+    for a, b in zip(opt.state_dict()["state"].values(), opt2.state_dict()["state"].values(), strict=True):
+        assert all(torch.equal(a[n], b[n]) for n in a)
+    for g in (opt.param_groups, opt2.param_groups):
+        for group, lr in zip(g, [0.01, 0.002, 0.01], strict=True):
+            group["lr"] = lr  # back to the uninterrupted run's rates, for the comparison of the steps
+    _rows_stack(ARMS, data, dtype, range(3, 5), fresh, opt2)
+    for k in range(4):
+        for key, value in whole.tasks[k].state_dict().items():
+            torch.testing.assert_close(fresh.tasks[k].state_dict()[key], value, rtol=0, atol=1e-12, msg=f"{k} {key}")
+    other = SeedStack([_task(s, o) for o, s in ARMS], list(range(4)), rows=["x", "y", "z", "w"])
+    with pytest.raises(ConfigError, match="the checkpoint holds the rows"):
+        other.on_load_checkpoint(saved["ckpt"])
+
+
+LR = "model.init_args.optimizer.init_args.lr"
+WD = "model.init_args.optimizer.init_args.weight_decay"
+TINY_YINYANG = ["--config", str(REPO / "configs/mlp_classifier/yinyang.yaml"), "--trainer.max_epochs", "2",
+                "--data.train_size", "300", "--data.val_size", "200", "--trainer.precision", "64-true"]
+
+
+@pytest.mark.slow
+def test_each_row_of_a_stack_of_arms_equals_the_plain_fit_of_its_seed_and_hyperparameters(paperlab_tmp: Path) -> None:
+    """2 learning rates x 2 seeds of the reference MLP (AdamW, StepLR), and an arm of its own weight decay, in
+    one ``fit --run.rows``: each row's run equals the plain fit of its seed and hyperparameters (params, metric
+    histories, final weights)."""
+    arms = [({LR: 0.01}, 0), ({LR: 0.01}, 1), ({LR: 0.03}, 0), ({LR: 0.03}, 1), ({LR: 0.01, WD: 0.5}, 1)]
+    for i, (overrides, seed) in enumerate(arms):
+        flags = [a for k, v in overrides.items() for a in (f"--{k}", str(v))]
+        assert run_training(["fit", *TINY_YINYANG, *flags, "--seed_everything", str(seed), "--run.name", f"plain {i}"]) == 0
+    rows = [{"seed": seed, "overrides": overrides} for overrides, seed in arms]
+    assert run_training(["fit", *TINY_YINYANG, "--run.rows", json.dumps(rows), "--run.name", "arms"]) == 0
+    c = client()
+    runs = {r.info.run_name: r for r in c.search_runs([c.get_experiment_by_name("mlp_classifier").experiment_id])}
+    names = ["arms lr=0.01 s0", "arms lr=0.01 s1", "arms lr=0.03 s0", "arms lr=0.03 s1", "arms lr=0.01 weight_decay=0.5 s1"]
+    assert set(runs) == {f"plain {i}" for i in range(5)} | set(names) | {"arms seeds"}
+    for i, name in enumerate(names):
+        plain, child = runs[f"plain {i}"], runs[name]
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["mlflow.parentRunId"] == runs["arms seeds"].info.run_id
+        assert child.data.params[LR] == str(arms[i][0][LR]) and child.data.params["seed_everything"] == str(arms[i][1])
+        differ = {k for k in plain.data.params.keys() | child.data.params.keys()
+                  if plain.data.params.get(k) != child.data.params.get(k)}
+        assert not differ, differ
+        assert set(child.data.metrics) == set(plain.data.metrics)
+        for key in plain.data.metrics:
+            want, got = _history(plain, key), _history(child, key)
+            assert [st for st, _ in got] == [st for st, _ in want], key
+            for (_, a), (_, b) in zip(want, got, strict=True):
+                assert abs(a - b) <= 1e-5 * abs(a), (name, key, a, b)
+        folders = paperlab_tmp / "checkpoints/mlp_classifier"
+        a = torch.load(folders / f"plain_{i}/last.ckpt", weights_only=False)["state_dict"]
+        b = torch.load(folders / name.replace(" ", "_") / "last.ckpt", weights_only=False)["state_dict"]
+        for key, value in a.items():
+            assert (b[key] - value).abs().max() <= 1e-5 * max(1.0, value.abs().max()), (name, key)
+
+
+@pytest.mark.parametrize(("rows", "message"), [
+    ([{"seed": 0}, {"seed": 1, "overrides": {"model.init_args.net.init_args.activation": "tanh"}}],
+     "row 1 sets 'model.init_args.net.init_args.activation', which is not a hyperparameter of the config's optimizer"),
+    # the same check, other inputs: slow, to keep the default suite's added time small
+    pytest.param([{"seed": 0}, {"seed": 1, "overrides": {"model.init_args.optimizer.init_args.nesterov": True}}],
+                 "row 1 sets 'model.init_args.optimizer.init_args.nesterov', which is not", marks=pytest.mark.slow),
+    pytest.param([{"seed": 0}, {"seed": 0}], "names two rows' runs alike", marks=pytest.mark.slow),
+])
+def test_rows_that_differ_in_anything_but_their_optimizers_hyperparameters_are_refused(
+        rows: list, message: str, paperlab_tmp: Path, capsys: pytest.CaptureFixture) -> None:
+    assert run_training(["fit", *TINY_YINYANG, "--run.rows", json.dumps(rows)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and message in err[0] and "traceback" in err[1], err
+
+
+def test_rows_whose_optimizer_classes_differ_are_refused_naming_the_key(paperlab_tmp: Path, capsys: pytest.CaptureFixture,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's resolved config may differ from the first row's in the optimizer's hyperparameters only: a
+    different class (here through a stack whose second row's config was built otherwise) is one line."""
+    from lightning_cli import PaperlabCLI
+
+    seed_config = PaperlabCLI._seed_config
+
+    def other_class(cli: PaperlabCLI, key: int) -> object:
+        config = seed_config(cli, key)
+        if key == 1:
+            config["fit.model.init_args.optimizer.class_path"] = "torch.optim.Adam"
+        return config
+
+    monkeypatch.setattr(PaperlabCLI, "_seed_config", other_class)
+    assert run_training(["fit", *TINY_YINYANG, "--run.rows", json.dumps([{"seed": 0}, {"seed": 1}])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ("run.rows cannot train these rows in one process: row 1 differs from row 0 in "
+            "model.init_args.optimizer.class_path (a different optimizer class)") in err[0], err
+
+
+def test_a_row_whose_loss_is_nan_leaves_the_other_rows_plain_steps_untouched() -> None:
+    dtype = torch.float64
+    data = {s: _batches(s, 4, dtype) for s in (3, 7)}
+    data[7][1][0][0, 0] = float("nan")  # rows 1 and 3 (seed 7) go NaN, rows 0 and 2 (seed 3) must not notice
+    stack, _ = _rows_stack(ARMS, data, dtype, range(4))
+    assert all(any(not torch.isfinite(v).all() for v in stack.tasks[k].state_dict().values()) for k in (1, 3))
+    for k in (0, 2):
+        optimizer, s = ARMS[k]
+        for key, value in _plain(s, optimizer, data[s], dtype).items():
+            torch.testing.assert_close(stack.tasks[k].state_dict()[key], value, rtol=0, atol=1e-12, msg=f"{k} {key}")
+
+
+@pytest.mark.slow
+def test_a_resumed_stack_of_arms_continues_its_runs_as_the_uninterrupted_fit(paperlab_tmp: Path) -> None:
+    """Rows of two learning rates (their groups' Adam state and StepLR rates in the stack's last.ckpt): two
+    epochs, then ``--ckpt_path last`` to a third, equal bit for bit to three epochs at once."""
+    rows = json.dumps([{"seed": 0, "overrides": {LR: 0.01}}, {"seed": 0, "overrides": {LR: 0.03}}])
+    base = ["--config", str(REPO / "configs/mlp_classifier/yinyang.yaml"), "--run.rows", rows,
+            "--data.train_size", "300", "--data.val_size", "200",
+            "--model.lr_scheduler.init_args.step_size", "1"]  # the rates change at every epoch end
+    assert run_training(["fit", *base, "--trainer.max_epochs", "3", "--run.name", "whole"]) == 0
+    assert run_training(["fit", *base, "--trainer.max_epochs", "2", "--run.name", "cut"]) == 0
+    assert run_training(["fit", *base, "--trainer.max_epochs", "3", "--run.name", "cut", "--ckpt_path", "last"]) == 0
+    runs = {r.info.run_name: r for r in client().search_runs(
+        [client().get_experiment_by_name("mlp_classifier").experiment_id])}
+    folders = paperlab_tmp / "checkpoints/mlp_classifier"
+    for arm in ("lr=0.01 s0", "lr=0.03 s0"):
+        whole, cut = runs[f"whole {arm}"], runs[f"cut {arm}"]
+        assert cut.info.status == "FINISHED"
+        for key in ("val/loss", "train/loss", "val/acc_best"):
+            assert _history(whole, key) == _history(cut, key), (arm, key)
+        a = torch.load(folders / f"whole_{arm.replace(' ', '_')}/last.ckpt", weights_only=True)["state_dict"]
+        b = torch.load(folders / f"cut_{arm.replace(' ', '_')}/last.ckpt", weights_only=True)["state_dict"]
+        assert all(torch.equal(a[k], b[k]) for k in a), arm
+    state = torch.load(folders / "cut_seeds/last.ckpt", weights_only=False)
+    assert [g["lr"] for g in state["optimizer_states"][0]["param_groups"]] == [0.01 * 0.5**3, 0.03 * 0.5**3]
