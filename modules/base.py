@@ -452,6 +452,14 @@ class PaperTask(LightningModule):
     # A checkpoint written within an epoch resumes in it: the training epoch's metric states go with it, and
     # the subclass's own state beside them. Final here (``__init_subclass__`` refuses overrides).
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "optimizer_states" not in checkpoint:
+            # weights only (Lightning sets the optimizers' entry, possibly empty, in every full dump): a file
+            # for test/predict, which resumes nothing. The loops' progress (~120 nested entries: a third of a
+            # small model's save, copied and pickled at every best epoch) and the training metrics' state
+            # are resume state; Lightning's loading reads "loops" with .get and skips it when absent.
+            checkpoint.pop("loops", None)
+            checkpoint["paperlab_task_state"] = self.extra_state()
+            return
         self.flush_metrics("train")
         metrics = {"": self.stage_loss["train_"], **self.stage_metrics["train_"]}
         checkpoint["paperlab_train_metrics"] = {
