@@ -21,11 +21,14 @@ fit on one process or DDP when the strategy writes with Lightning's default ``To
 - the write of a resumable checkpoint (``last.ckpt``) overlaps the next training step and is awaited when
   that step ends: one handed over at an epoch end is on disk before the second step of the next epoch
   starts, so an interrupt loses what it lost before (at most ``every_s`` seconds, one epoch, or
-  ``min_interval_s``). A weights-only best checkpoint resumes nothing: its write runs behind the next
-  steps and is awaited when the next checkpoint is handed over (at most two writes wait at a time, so
-  copies of the weights never pile up), when a resumable one is awaited (writes are in order) and when training ends; until it is on
-  disk the previous best file stays, since the removal of an older best file is queued behind the new one's
-  write. Training end and failures wait for every write.
+  ``min_interval_s``). At most two writes wait at a time, so copies of the weights never pile up.
+- a weights-only best checkpoint resumes nothing: it is copied at its epoch's end and held, then written
+  just before the next resumable checkpoint (so a ``last.ckpt`` on disk always has its best on disk too), at
+  a wait, or when training ends or fails. A best superseded in the meantime is never written: with epochs
+  shorter than ``min_interval_s`` most are, and each write's serialising holds the interpreter lock that the
+  training thread needs (docs/benchmarks.md, "Trainer overhead"). The removal of the previous best file
+  comes after the new one's write, so once a ``last.ckpt`` is on disk a kill -9 leaves a complete best
+  file beside it: the best of the epochs up to that ``last.ckpt``. Training end and failures wait for every write.
 - the MLflow metrics that are not yet in the store (``PaperlabMLFlowLogger.unflushed``) travel in every full
   checkpoint and are handed back to the logger on resume (``replay``; pairs the store has are not written
   twice). So a save needs no metrics flush (a sqlite commit: 10-50 ms), the logger flushes on its own
@@ -137,8 +140,9 @@ class BackgroundCheckpointIO(CheckpointIO):
     next save or wait. What differs, for a fit whose epochs take milliseconds (docs/benchmarks.md, "Trainer
     overhead"): the copy walks the checkpoint's plain containers directly (``_snapshot``), the writer thread
     lives for the whole fit instead of being joined and restarted at every wait, a wait with nothing handed
-    over returns at once, and removing a checkpoint (the previous best) is queued behind the writes, so the
-    new best is on disk before the old one goes.
+    over returns at once, a weights-only checkpoint is held until the next resumable one or a wait (one
+    superseded meanwhile is never written), and removing a checkpoint (the previous best) comes after the
+    writes, so the new best is on disk before the old one goes.
     """
 
     def __init__(self) -> None:
@@ -147,6 +151,10 @@ class BackgroundCheckpointIO(CheckpointIO):
         self._queued: list[Future] = []
         self._resumable_queued = False  # a full (resumable) checkpoint is among the queued: wait_resumable waits
         self._saves: list[Future] = []  # the writes among them (not the removals)
+        # weights-only writes (a best epoch's) not handed to the writer yet, by file name, in the order handed
+        # over: (path, copy, storage_options); and the removals handed over while they were held
+        self._held: dict[str, tuple[Any, dict[str, Any], Any]] = {}
+        self._removals: list[Any] = []
 
     def _submit(self, fn: Any, *args: Any) -> None:
         self._raise_failed()  # an earlier write's error surfaces on the training thread, as soon as it is known
@@ -162,35 +170,78 @@ class BackgroundCheckpointIO(CheckpointIO):
             raise failed.exception()  # type: ignore[misc]
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        self._raise_failed()  # an earlier write's error surfaces on the training thread, as soon as it is known
+        copy = _snapshot(checkpoint)  # now: training goes on changing the weights
+        # Lightning's full dump has the optimizers' states, a weights-only one (the best epoch's) has not
+        if "optimizer_states" not in checkpoint:
+            # Held, not written yet: a best epoch's file resumes nothing, and with epochs of milliseconds most
+            # are superseded before the next last.ckpt, so their writes (serialising holds the interpreter lock
+            # the training thread needs) would be wasted. Written before the next resumable checkpoint, at a
+            # wait or when training ends (``_release``). A newer one of the same name takes the held one's place.
+            key = os.fspath(path)
+            if key not in self._held and len(self._held) >= self.max_held:
+                self._release()
+            self._held[key] = (path, copy, storage_options)
+            return
+        self._release()  # the bests handed over before this one are on disk before it (writes are in order)
+        self._write(copy, path, storage_options)
+        self._resumable_queued = True
+
+    #: weights-only writes held at most (several weights-only checkpoints of different names kept, top-k > 1)
+    max_held = 2
+
+    def _write(self, copy: dict[str, Any], path: Any, storage_options: Any | None) -> None:
         # copies of the weights never pile up: with two writes still unfinished (epochs shorter than a write)
         # the next is handed over once they are done (an epoch end hands over the best and last.ckpt together)
         self._saves = [f for f in self._saves if not f.done()]
         if len(self._saves) >= 2:
-            self.wait()
-        self._submit(self.checkpoint_io.save_checkpoint, _snapshot(checkpoint), path, storage_options)
+            self._drain()
+        self._submit(self.checkpoint_io.save_checkpoint, copy, path, storage_options)
         self._saves.append(self._queued[-1])
-        # Lightning's full dump has the optimizers' states, a weights-only one (the best epoch's) has not
-        self._resumable_queued |= "optimizer_states" in checkpoint
+
+    def _release(self) -> None:
+        """Hand the held writes to the writer thread, then the held removals: every held file is on disk before
+        an older one goes, so a kill -9 at any moment leaves a best file once one was written. A removal of a
+        name that is written again after it is dropped (the write replaces the file atomically)."""
+        held, removals = self._held, self._removals
+        self._held, self._removals = {}, []
+        for path, copy, storage_options in held.values():
+            self._write(copy, path, storage_options)
+        for path in removals:
+            if os.fspath(path) not in held:
+                self._submit(self.checkpoint_io.remove_checkpoint, path)
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
         self.wait()  # a file being written is read once it is complete
         return self.checkpoint_io.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
     def remove_checkpoint(self, path: Any) -> None:
-        self._submit(self.checkpoint_io.remove_checkpoint, path)
+        if not self._held:
+            self._submit(self.checkpoint_io.remove_checkpoint, path)
+            return
+        # behind the held writes (the previous best goes once the new one is on disk); a held write of this
+        # very file is dropped, never written (a best superseded before the next last.ckpt), and the removal
+        # stays, for a file of that name already on disk
+        self._held.pop(os.fspath(path), None)
+        self._removals.append(path)
 
     def wait_resumable(self) -> None:
         """``wait`` when a resumable checkpoint is among those handed over (and with it, in order, every
-        earlier one); otherwise only raise the error of a write that has failed already. A weights-only
-        checkpoint resumes nothing: its write goes on behind the training steps until the next save, the next
-        resumable one or the end of training waits for it (docs/benchmarks.md, "Trainer overhead")."""
+        earlier one); otherwise only raise the error of a write that has failed already. Held weights-only
+        writes stay held (``save_checkpoint``)."""
         if self._resumable_queued:
-            self.wait()
+            self._drain()
         elif self._queued:
             self._raise_failed()
 
     def wait(self) -> None:
-        """Return once everything handed over is done (written, removed); raise what the first failure raised."""
+        """Return once everything handed over is done (written, removed), the held writes included; raise what
+        the first failure raised."""
+        self._release()
+        self._drain()
+
+    def _drain(self) -> None:
+        """Wait for the writes handed to the thread (not the held ones); raise the first failure."""
         self._resumable_queued = False
         self._saves = []
         if not self._queued:

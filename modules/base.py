@@ -399,21 +399,49 @@ class PaperTask(LightningModule):
         values.update(self.extra_epoch_metrics(stage, values))
         if not values:
             return values
-        # batch_size: one aggregate per epoch; given, Lightning does not search the batch for a size
+        val_step = self._fit_validation_step() if stage == "val" else None
         if stage == "train":
             # Straight to the loggers (rank 0) and callback_metrics, at once: Lightning would hand epoch-level
             # values over only after the epoch-end checkpoint (lost to an interrupt right after it), and
             # step-level ones only every log_every_n_steps. Reduced over ranks by torchmetrics.
-            if self.trainer.is_global_zero:
-                floats = {k: float(v) for k, v in values.items()}
-                for logger in self.loggers:
-                    logger.log_metrics(floats, step=self.global_step)
-            self.trainer.callback_metrics.update(values)
+            self._log_directly(values, step=self.global_step)
+        elif val_step is not None:
+            if not self.trainer.sanity_checking:  # Lightning logs nothing of the sanity check either
+                # with the epoch, which Lightning adds to every evaluation's logged values
+                self._log_directly(values, step=val_step, epoch=self.trainer.current_epoch)
         else:
+            # batch_size: one aggregate per epoch; given, Lightning does not search the batch for a size.
             # already reduced (torchmetrics); sync_dist only keeps Lightning from warning under DDP, at the
             # cost of one tiny all-reduce per value per evaluation
             self.log_dict(values, on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
         return values
+
+    def _log_directly(self, values: dict[str, Tensor], step: int, **extra: float) -> None:
+        """``values`` to every logger (rank 0) at ``step``, and into ``trainer.callback_metrics`` (what
+        checkpoints, early stopping and plateau schedulers read), as Lightning would hand them over."""
+        trainer = self.trainer
+        if trainer.is_global_zero:
+            floats = {k: float(v) for k, v in values.items()} | extra
+            for logger in self.loggers:
+                logger.log_metrics(floats, step=step)
+        trainer.callback_metrics.update(values)
+
+    def _fit_validation_step(self) -> int | None:
+        """The step Lightning logs a fit's validation values at, where it follows from public state; None
+        where it does not (then ``self.log`` places them).
+
+        ``self.log`` costs about half a millisecond per value (its result collection deep-copies the value's
+        metadata), a few per cent of a small model's epoch (docs/benchmarks.md, "Trainer overhead"). Lightning
+        logs evaluation values during fit at the number of batches that stepped the optimizer before the
+        current one: with automatic optimisation and no gradient accumulation every batch steps once, so that
+        is ``global_step - 1``. Manual optimisation (several optimizers step per batch), accumulation, and
+        ``validate`` outside a fit go through ``self.log``. tests/test_resume.py, tests/test_summary.py and
+        tests/callbacks/test_checkpoints.py pin the steps of both stages.
+        """
+        trainer = self.trainer
+        if (trainer.state.fn != "fit" or not self.automatic_optimization or trainer.accumulate_grad_batches != 1):
+            return None
+        return self.global_step - 1
 
     def extra_epoch_metrics(self, stage: Stage, values: dict[str, Tensor]) -> dict[str, Tensor]:
         """Override to derive more epoch values from the logged ones (e.g. bits per character)."""
@@ -452,6 +480,14 @@ class PaperTask(LightningModule):
     # A checkpoint written within an epoch resumes in it: the training epoch's metric states go with it, and
     # the subclass's own state beside them. Final here (``__init_subclass__`` refuses overrides).
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "optimizer_states" not in checkpoint:
+            # weights only (Lightning sets the optimizers' entry, possibly empty, in every full dump): a file
+            # for test/predict, which resumes nothing. The loops' progress (~120 nested entries: a third of a
+            # small model's save, copied and pickled at every best epoch) and the training metrics' state
+            # are resume state; Lightning's loading reads "loops" with .get and skips it when absent.
+            checkpoint.pop("loops", None)
+            checkpoint["paperlab_task_state"] = self.extra_state()
+            return
         self.flush_metrics("train")
         metrics = {"": self.stage_loss["train_"], **self.stage_metrics["train_"]}
         checkpoint["paperlab_train_metrics"] = {

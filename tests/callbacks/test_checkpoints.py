@@ -42,6 +42,9 @@ def test_last_is_written_at_every_epoch_end_and_holds_the_training_state(tmp_pat
     (best,) = tmp_path.glob("best-*.ckpt")
     best_state = torch.load(best, weights_only=False)
     assert "optimizer_states" not in best_state and best_state["state_dict"]  # weights only
+    # ... and no resume state: the loops' progress and the training metrics' state are last.ckpt's
+    assert "loops" not in best_state and "paperlab_train_metrics" not in best_state
+    assert best_state["hyper_parameters"] and "paperlab_task_state" in best_state and "paperlab_train_metrics" in state
 
 
 def test_short_epochs_are_checkpointed_at_the_interval_and_always_at_the_end(tmp_path):
@@ -175,46 +178,82 @@ def test_background_writes_copy_at_hand_over_keep_order_and_raise_a_failure_once
     io.teardown()
 
 
-def test_per_step_only_a_resumable_checkpoint_is_awaited_and_at_most_two_writes_wait(tmp_path):
+def test_a_best_is_held_until_the_next_resumable_write_and_a_superseded_one_is_never_written(tmp_path):
     import threading
     import time
 
     from callbacks.checkpoints import AtomicCheckpointIO, BackgroundCheckpointIO
 
-    gate, written = threading.Event(), []
+    gate, written, contents = threading.Event(), [], {}
 
-    class Held(AtomicCheckpointIO):  # the writer thread holds each write until the gate opens
+    class Held(AtomicCheckpointIO):  # the writer thread holds each write until the gate opens; records removals
         def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
             gate.wait(timeout=10)
             written.append(Path(path).name)
+            contents[Path(path).name] = checkpoint
+
+        def remove_checkpoint(self, path) -> None:
+            written.append("-" + Path(path).name)
 
     io = BackgroundCheckpointIO()
     io.checkpoint_io = Held()
-    weights, full = {"state_dict": {"w": torch.zeros(2)}}, {"state_dict": {}, "optimizer_states": []}
+    w = torch.zeros(2)
+    weights, full = {"state_dict": {"w": w}}, {"state_dict": {}, "optimizer_states": []}
+    gate.set()  # the writer is free: whatever is handed to it is written at once
     io.save_checkpoint(weights, tmp_path / "best-epoch000.ckpt")
-    io.wait_resumable()  # returns while the write is held: a weights-only checkpoint resumes nothing
+    w += 1  # training goes on: the held write has the weights of its hand-over
+    io.save_checkpoint(weights, str(tmp_path / "best-epoch001.ckpt"))  # ModelCheckpoint's order: the new best,
+    io.remove_checkpoint(str(tmp_path / "best-epoch000.ckpt"))  # then the old one's removal (str or Path alike)
+    io.wait_resumable()  # a weights-only checkpoint resumes nothing: nothing is awaited, nothing written yet
+    time.sleep(0.05)
     assert written == []
     io.save_checkpoint(full, tmp_path / "last.ckpt")
-    threading.Timer(0.2, gate.set).start()
-    io.wait_resumable()  # last.ckpt is on disk after this, and (in order) the best handed over before it
-    assert written == ["best-epoch000.ckpt", "last.ckpt"]
+    io.wait_resumable()  # last.ckpt is on disk after this, and before it the held best; the superseded one never
+    assert written == ["best-epoch001.ckpt", "-best-epoch000.ckpt", "last.ckpt"]
+    assert torch.equal(contents["best-epoch001.ckpt"]["state_dict"]["w"], torch.ones(2))
 
-    gate.clear()
-    io.save_checkpoint(weights, tmp_path / "a.ckpt")
-    io.save_checkpoint(weights, tmp_path / "b.ckpt")
-    threading.Timer(0.2, gate.set).start()
-    io.save_checkpoint(weights, tmp_path / "c.ckpt")  # two writes unfinished: handed over once they are done
-    assert written[2:4] == ["a.ckpt", "b.ckpt"]
+    written.clear()
+    io.save_checkpoint(weights, tmp_path / "best-epoch002.ckpt")
+    io.remove_checkpoint(tmp_path / "best-epoch001.ckpt")  # on disk: removed only after the new one is written
+    io.save_checkpoint({"state_dict": {"w": torch.full((2,), 5.0)}}, tmp_path / "best-epoch002.ckpt")  # same name
+    io.wait()  # a wait writes what is held
+    assert written == ["best-epoch002.ckpt", "-best-epoch001.ckpt"]
+    assert torch.equal(contents["best-epoch002.ckpt"]["state_dict"]["w"], torch.full((2,), 5.0))
+
+    written.clear()  # several weights-only names kept (top-k > 1): at most two are held
+    for name in ("a.ckpt", "b.ckpt", "c.ckpt"):
+        io.save_checkpoint(weights, tmp_path / name)
+    for _ in range(500):
+        if written == ["a.ckpt", "b.ckpt"]:
+            break
+        time.sleep(0.01)
+    assert written == ["a.ckpt", "b.ckpt"]
     io.wait()
-    assert written[4:] == ["c.ckpt"]
+    assert written == ["a.ckpt", "b.ckpt", "c.ckpt"]
 
-    class Failing(AtomicCheckpointIO):
+    written.clear()  # at most two writes wait at a time
+    gate.clear()
+    io.save_checkpoint(full, tmp_path / "d.ckpt")
+    io.save_checkpoint(full, tmp_path / "e.ckpt")
+    threading.Timer(0.2, gate.set).start()
+    io.save_checkpoint(full, tmp_path / "f.ckpt")  # two writes unfinished: handed over once they are done
+    assert written[:2] == ["d.ckpt", "e.ckpt"]
+    io.wait()
+    assert written[2:] == ["f.ckpt"]
+
+    class Failing(Held):
         def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
-            raise OSError("disk gone")
+            if Path(path).name in ("g.ckpt", "h.ckpt"):
+                raise OSError("disk gone")
+            super().save_checkpoint(checkpoint, path, storage_options)
 
     io.checkpoint_io = Failing()
-    io.save_checkpoint(weights, tmp_path / "d.ckpt")
-    for _ in range(500):  # a weights-only write's failure is raised at the first per-step check after it
+    io.save_checkpoint(weights, tmp_path / "g.ckpt")
+    with pytest.raises(OSError, match="disk gone"):
+        io.wait()  # a held write's failure is raised where it is written
+    for name in ("h.ckpt", "i.ckpt", "j.ckpt"):  # the third hands the first two over
+        io.save_checkpoint(weights, tmp_path / name)
+    for _ in range(500):  # a handed-over write's failure is raised at the first per-step check after it
         try:
             io.wait_resumable()
         except OSError:
@@ -223,7 +262,8 @@ def test_per_step_only_a_resumable_checkpoint_is_awaited_and_at_most_two_writes_
     else:
         raise AssertionError("the failed write was never raised")
     io.wait_resumable()  # raised once
-    io.teardown()
+    io.teardown()  # and the held one is written at the end
+    assert written[-1] == "j.ckpt"
 
 
 def _write_until_killed(path: str) -> None:
