@@ -28,9 +28,13 @@ _NOISE = ("Expected a <class 'NoneType'>", "Given value type:", "Given value:", 
           "Does not validate against any of the Union subtypes")
 
 
+_BULLET = re.compile(r"^(?:- )+")
+
+
 def clean_error(message: str) -> str:
     """jsonargparse's message without the Union-of-None noise (every class argument is Optional)."""
-    lines = [ln.strip().lstrip("- ").strip() for ln in str(message).splitlines()]
+    # jsonargparse's bullets ("- ") go; an option's own dashes (--run.seeds) stay
+    lines = [_BULLET.sub("", ln.strip()).strip() for ln in str(message).splitlines()]
     kept = [ln for ln in lines if ln and not any(n in ln for n in _NOISE)]
     return "; ".join(dict.fromkeys(kept)).replace(":; ", ": ") or str(message)
 
