@@ -43,9 +43,9 @@ from callbacks.predictions import PredictionWriter
 from datamodules.base import LINKED_SIZES, PaperlabDataModule, run_seed_context
 from errors import ConfigError, PaperlabError
 from modules.base import PaperTask
-from tracking.config_artifact import ConfigArtifact, method_name
+from tracking.config_artifact import ConfigArtifact
 from tracking.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, default_tracking_uri
-from tracking.names import child_name, folder_name, instance_name, parent_name
+from tracking.names import child_name, folder_name, import_class, instance_name, method_name, parent_name
 from tracking.run_registry import (
     PROCESS_TAG,
     RunRegistry,
@@ -220,11 +220,6 @@ ROW_KEYS = "model.init_args.optimizer.init_args."
 ROW_NAMING = ("seed_everything", "run.name", "run.tags", "run.seeds", "run.seed_runs", "run.rows")
 
 
-def model_class(class_path: str) -> type:
-    module_name, _, name = class_path.rpartition(".")
-    return getattr(importlib.import_module(module_name), name)
-
-
 class PaperlabCLI(LightningCLI):
     """LightningCLI with paperlab's defaults (see the module docstring)."""
 
@@ -323,7 +318,7 @@ class PaperlabCLI(LightningCLI):
         """Experiment, run name and whether ``--run.name`` gave it. A run started with overrides on the
         command line carries them in its name (``yinyang lr=0.003``), unless ``--run.name`` names it."""
         run = self._value(self.config, "run")
-        experiment = run.experiment or method_name(model_class(self._value(self.config, "model").class_path))
+        experiment = run.experiment or method_name(import_class(self._value(self.config, "model").class_path))
         self.overrides = command_overrides(self.argv[1:] if self.subcommand else self.argv)
         name = run.name or " ".join(filter(None, [config_stem(self._value(self.config, "config")),
                                                   override_label(self.overrides)]))

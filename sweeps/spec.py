@@ -512,13 +512,12 @@ def not_vectorizable(resolved: dict[str, Any]) -> str | None:
 def _model_class(resolved: dict[str, Any], overrides: dict[str, Any] | None = None) -> tuple[str, type | None]:
     """The task's class path (an override's, else the resolved config's) and the class, None if it cannot be
     imported."""
-    import importlib
+    from tracking.names import import_class
 
     overrides = overrides or {}
     class_path = str(overrides.get("model.class_path") or (resolved.get("model") or {}).get("class_path", ""))
-    module_name, _, cls_name = class_path.rpartition(".")
     try:
-        return class_path, getattr(importlib.import_module(module_name), cls_name)
+        return class_path, import_class(class_path)
     except (ImportError, AttributeError, ValueError):
         return class_path, None
 
@@ -528,13 +527,10 @@ def experiment_of(resolved: dict[str, Any], overrides: dict[str, Any]) -> str:
     explicit = overrides.get("run.experiment") or (resolved.get("run") or {}).get("experiment")
     if explicit:
         return str(explicit)
-    from tracking.config_artifact import method_name
+    from tracking.names import method_name, method_of
 
     class_path, cls = _model_class(resolved, overrides)
-    if cls is not None:
-        return method_name(cls)
-    module_name, _, cls_name = class_path.rpartition(".")
-    return module_name.split(".")[1] if module_name.startswith("modules.") else cls_name.lower()
+    return method_name(cls) if cls is not None else method_of(class_path)
 
 
 def monitor_of(resolved: dict[str, Any], overrides: dict[str, Any]) -> str | None:

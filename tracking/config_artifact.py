@@ -16,6 +16,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 
 from tracking.figures import log_artifact_bytes, mlflow_logger
 from tracking.mlflow_logger import PaperlabMLFlowLogger
+from tracking.names import method_name
 
 
 def git_state(repo: Path | None = None) -> dict[str, str]:
@@ -49,14 +50,6 @@ def run_tags(trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> di
     tags.update(git_state())
     tags["mlflow.source.git.commit"] = tags["git_commit"]
     return tags
-
-
-def method_name(module_class: type) -> str:
-    """``modules.causal_pieces`` (or ``modules.causal_pieces.snn``) -> ``causal_pieces``."""
-    parts = module_class.__module__.split(".")
-    if parts[0] == "modules" and len(parts) > 1:
-        return parts[1]
-    return module_class.__name__.lower()
 
 
 class ConfigArtifact(SaveConfigCallback):

@@ -1,8 +1,10 @@
-"""How runs are named and where their folders are: pure string rules, free of torch, Lightning and MLflow, so
-that the sweep runner's process (which never imports those) names folders by the same rules as the CLI."""
+"""How runs are named and where their folders are, and which experiment a task's runs go to: pure string rules,
+free of torch, Lightning and MLflow, so that the sweep runner's process (which never imports those) names runs,
+folders and experiments by the same rules as the CLI (``import_class`` imports what it is given, when called)."""
 
 from __future__ import annotations
 
+import importlib
 import re
 
 #: each run folder's record of its MLflow run (``tracking.run_registry``)
@@ -29,3 +31,23 @@ def child_name(run_name: str, seed: int) -> str:
 def parent_name(run_name: str) -> str:
     """A seed-parallel fit's parent run (its folder holds the stack's own ``last.ckpt``)."""
     return f"{run_name} seeds"
+
+
+def import_class(class_path: str) -> type:
+    """The class a config's ``class_path`` names (``modules.mlp_classifier.MLPClassifier``)."""
+    module_name, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module_name), name)
+
+
+def method_of(class_path: str) -> str:
+    """A task's method, the MLflow experiment its runs go to by default: ``modules.causal_pieces.CausalPiecesSNN``
+    (or ``modules.causal_pieces.snn.CausalPiecesSNN``) -> ``causal_pieces``; a class outside ``modules/`` -> its
+    name in lower case."""
+    module_name, _, name = class_path.rpartition(".")
+    parts = module_name.split(".")
+    return parts[1] if parts[0] == "modules" and len(parts) > 1 else name.lower()
+
+
+def method_name(module_class: type) -> str:
+    """``method_of`` the module where the class is defined."""
+    return method_of(f"{module_class.__module__}.{module_class.__name__}")
