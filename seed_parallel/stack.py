@@ -69,6 +69,21 @@ def refusal(why: str) -> ConfigError:
     return ConfigError(f"--run.seeds cannot train these seeds in one process: {why}; {SEQUENTIAL}")
 
 
+def task_class_refusal(cls: type) -> str | None:
+    """Why a task class cannot train as a stack of seeds, or None: what the class alone decides. A fit with
+    --run.seeds checks it when it builds the stack; a sweep with vectorize_seeds when it checks the sweep."""
+    if not getattr(cls, "vectorizable", False):
+        return (f"{cls.__name__} is not vectorizable ({cls.__name__}.vectorizable is False: its step is not known "
+                "to be a pure function of parameters and batch; docs/design.md, 'Seed-parallel runs', says how to "
+                "make a method vectorizable)")
+    if getattr(cls, "configure_optimizers", None) is not PaperTask.configure_optimizers:
+        return f"{cls.__name__} configures its own optimizers"
+    hooks = [h for h in FIT_HOOKS if getattr(cls, h, None) is not getattr(PaperTask, h)]
+    if hooks:  # the stack runs the base's hooks for all seeds, never a task's own
+        return f"{cls.__name__} overrides {', '.join(hooks)}, which a stack of seeds does not run"
+    return None
+
+
 def rows_refusal(why: str) -> ConfigError:
     """The one line a stack of rows (``--run.rows``) that cannot share one process fails with."""
     return ConfigError(f"--run.rows cannot train these rows in one process: {why}; run them one after another "
@@ -239,19 +254,13 @@ class SeedStack(L.LightningModule):
         super().__init__()
         first = tasks[0]
         cls = type(first)
-        if not getattr(cls, "vectorizable", False):
-            raise refusal(f"{cls.__name__} is not vectorizable ({cls.__name__}.vectorizable is False: its step is "
-                          "not known to be a pure function of parameters and batch; docs/design.md, "
-                          "'Seed-parallel runs', says how to make a method vectorizable)")
+        why = task_class_refusal(cls)
+        if why is not None:
+            raise refusal(why)
         if len(set(seeds)) != len(seeds) or not seeds:
             raise ConfigError(f"--run.seeds needs distinct seeds, got {list(seeds)}")
         if not first.automatic_optimization:
             raise refusal(f"{cls.__name__} optimises manually")
-        if type(first).configure_optimizers is not PaperTask.configure_optimizers:
-            raise refusal(f"{cls.__name__} configures its own optimizers")
-        hooks = [h for h in FIT_HOOKS if getattr(cls, h) is not getattr(PaperTask, h)]
-        if hooks:  # the stack runs the base's hooks for all seeds, never a task's own
-            raise refusal(f"{cls.__name__} overrides {', '.join(hooks)}, which a stack of seeds does not run")
         self.seeds = [int(s) for s in seeds]
         # a plain list: the tasks are not submodules (their tensors are views of the stack, see tie)
         self.tasks: list[PaperTask] = list(tasks)

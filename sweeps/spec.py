@@ -498,8 +498,11 @@ def not_vectorizable(resolved: dict[str, Any]) -> str | None:
     class_path, cls = _model_class(resolved)
     if cls is None:
         return f"its model class {class_path!r} cannot be imported"
-    if not getattr(cls, "vectorizable", False):
-        return f"{cls.__name__} is not vectorizable (docs/design.md, 'Seed-parallel runs')"
+    from seed_parallel.stack import task_class_refusal  # the fit's own check (a worker has torch imported)
+
+    why = task_class_refusal(cls)
+    if why is not None:
+        return why
     watchers = [*((resolved.get("trainer") or {}).get("callbacks") or []), *(resolved.get("diagnostics") or [])]
     if watchers:
         names = ", ".join(sorted({str(c.get("class_path", c)).rsplit(".", 1)[-1] if isinstance(c, dict) else str(c)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from main import cli_main
+from modules.mlp_classifier import MLPClassifier
 from tests.helpers import REPO, client, runs_of
 from tests.sweeps.common import write_sweep
 
@@ -101,6 +102,23 @@ def test_vectorize_seeds_is_refused_at_validation_for_a_task_that_is_not_vectori
     assert cli_main(["sweep", "--config", str(sweep), "--dry-run"]) == 101
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not vectorizable" in err[0] and "drop vectorize_seeds" in err[0], err
+
+
+class HookedClassifier(MLPClassifier):
+    """Vectorizable by its flag, but with a fit hook of its own, which a stack of seeds would not run."""
+
+    def on_train_start(self) -> None:
+        pass
+
+
+def test_vectorize_seeds_refuses_what_the_fit_would_refuse_for_the_task_class() -> None:
+    """The sweep's check is the fit's own (``seed_parallel.stack.task_class_refusal``): a task that overrides a
+    fit hook is refused when the sweep is checked, not when its first fit starts."""
+    from sweeps.spec import not_vectorizable
+
+    assert not_vectorizable({"model": {"class_path": "modules.mlp_classifier.MLPClassifier"}}) is None
+    why = not_vectorizable({"model": {"class_path": f"{__name__}.HookedClassifier"}})
+    assert why is not None and "HookedClassifier overrides on_train_start" in why
 
 
 def test_the_command_line_flag_vectorizes_and_the_dry_run_prints_one_fit_per_point(
