@@ -43,6 +43,7 @@ from callbacks.predictions import PredictionWriter
 from datamodules.base import LINKED_SIZES, PaperlabDataModule, run_seed_context
 from errors import ConfigError, PaperlabError
 from modules.base import PaperTask
+from seed_parallel import ROW_KEYS
 from tracking.config_artifact import ConfigArtifact
 from tracking.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, default_tracking_uri
 from tracking.names import child_name, folder_name, import_class, instance_name, method_name, parent_name
@@ -213,8 +214,6 @@ class StackRow:
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
-#: the keys a row of a stack may set: its optimizer's hyperparameters (the class stays the first row's)
-ROW_KEYS = "model.init_args.optimizer.init_args."
 #: the keys of a row's resolved config that may differ from the first row's besides ROW_KEYS: its seed, name
 #: and tags (and the stack's own options, None in every row)
 ROW_NAMING = ("seed_everything", "run.name", "run.tags", "run.seeds", "run.seed_runs", "run.rows")
@@ -446,7 +445,7 @@ class PaperlabCLI(LightningCLI):
     def _seed_run(self, seed: int) -> Any:
         """``--run.seed_runs``'s entry of ``seed`` (its ``name`` and ``tags``), ``--run.rows``' row of that key,
         or None without either."""
-        if getattr(self, "rows", None):
+        if self.rows:
             return self.rows[seed]
         seed_runs = self._value(self.config, "run").seed_runs
         return seed_runs[seed] if seed_runs else None
@@ -489,23 +488,23 @@ class PaperlabCLI(LightningCLI):
         from seed_parallel.stack import SeedStack, SeedStackData
 
         seed_runs = self._value(self.config, "run").seed_runs
-        if self.rows:
-            configs = [self._seed_config(k) for k in seeds]
-            self._check_rows(configs)
-            names = [self._row_name(k) for k in seeds]
-            if len(set(names)) != len(names):
-                twice = sorted({n for n in names if names.count(n) > 1})
-                raise ConfigError(f"--run.rows names two rows' runs alike ({', '.join(twice)}): give each row a "
-                                  "distinct name, or distinct seeds or overrides")
         if seed_runs is not None and set(seed_runs) != set(seeds):
             raise ConfigError(f"--run.seed_runs names seeds {sorted(seed_runs)}, --run.seeds lists {sorted(seeds)}: "
                               "give every seed of --run.seeds one entry")
         if seed_runs is not None and not self._value(self.config, "run").parent_run_id:
             raise ConfigError("--run.seed_runs hangs the seeds' runs under --run.parent_run_id: give that run's id")
+        configs = {s: self._seed_config(s) for s in seeds}
+        if self.rows:
+            self._check_rows(list(configs.values()))
+            names = [self._row_name(k) for k in seeds]
+            if len(set(names)) != len(names):
+                twice = sorted({n for n in names if names.count(n) > 1})
+                raise ConfigError(f"--run.rows names two rows' runs alike ({', '.join(twice)}): give each row a "
+                                  "distinct name, or distinct seeds or overrides")
         tasks, datamodules, states = [], [], []
         self.seed_configs: dict[int, str] = {}
         for s in seeds:
-            config = configs[s] if self.rows else self._seed_config(s)
+            config = configs[s]
             seed = self.rows[s].seed if self.rows else s
             seed_everything(seed, workers=True)
             with run_seed_context(seed):
@@ -600,7 +599,6 @@ class PaperlabCLI(LightningCLI):
     def _seed_group_folder(self) -> Path:
         """The folder of a seed-parallel fit as a whole (``<run name> seeds``): its resumable ``last.ckpt`` and
         its parent run's record; each seed's own files are in its run's folder."""
-
         return self._folder(parent_name(self.run_name))
 
     def _resumed_run(self, folder: Path, uri: str) -> str:
@@ -638,7 +636,7 @@ class PaperlabCLI(LightningCLI):
         """Move the callbacks LightningCLI and the Trainer added themselves, the ``ConfigArtifact`` (setup only)
         and Lightning's default ``ModelSummary`` (fit start only), into the run's ``RunBookkeeping``: as entries
         of their own they would cost a dispatch per hook (callbacks/bookkeeping.py). A user's own are kept."""
-        bookkeeping = next((c for c in trainer.callbacks if isinstance(c, RunBookkeeping)), None)
+        bookkeeping = find_callback(trainer.callbacks, RunBookkeeping)
         if bookkeeping is None:
             return
         for callback in [c for c in trainer.callbacks if isinstance(c, ConfigArtifact | ModelSummary)]:

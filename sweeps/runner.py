@@ -141,18 +141,18 @@ class SweepPlan:
         """One ``fit --run.seeds`` of the seeds of one swept value, each seed's run named and tagged as the
         plain fit of that point would be (``--run.seed_runs``), directly under the sweep's parent run."""
         first = points[0]
-        config = self._common(first, name=self.group_name(first), seeded=False)
-        runs = {str(p.seed): {"name": p.run_name, "tags": self.child_tags(p)} for p in points}
+        arms = self.spec.vectorize_arms
+        config = self._common(first, name=self.group_name(first), seeded=False, arms=arms)
         user = {str(k): str(v) for k, v in (first.overrides.get("run.tags") or {}).items()}
-        if self.spec.vectorize_arms:
+        shared = ["--run.parent_run_id", parent_id, "--run.tags", json.dumps(user)]
+        if arms:
             # one row per point: its seed, its optimizer hyperparameters, its plain fit's run name and tags
-            config = self._common(first, name=self.group_name(first), seeded=False, arms=True)
             rows = [{"seed": p.seed, "name": p.run_name, "tags": self.child_tags(p),
                      "overrides": {k: v for k, v in p.overrides.items() if is_arm_key(k)}} for p in points]
-            return ["fit", *config, "--run.rows", json.dumps(rows), "--run.parent_run_id", parent_id,
-                    "--run.tags", json.dumps(user)]
+            return ["fit", *config, "--run.rows", json.dumps(rows), *shared]
+        runs = {str(p.seed): {"name": p.run_name, "tags": self.child_tags(p)} for p in points}
         return ["fit", *config, "--run.seeds", json.dumps([p.seed for p in points]), "--run.seed_runs",
-                json.dumps(runs), "--run.parent_run_id", parent_id, "--run.tags", json.dumps(user)]
+                json.dumps(runs), *shared]
 
 
 @dataclass

@@ -35,13 +35,11 @@ import yaml
 
 from cli_messages import config_keys, suggest_key
 from errors import ConfigError
+from seed_parallel import ROW_KEYS
 
 REPO = Path(__file__).resolve().parent.parent
 TOP_LEVEL_KEYS = ("name", "base", "grid", "points", "overrides", "seeds", "vectorize_seeds", "vectorize_arms", "test",
                   "description")
-#: the keys (full form) in which points of one process may differ with ``vectorize_arms``: the optimizer's
-#: hyperparameters (lightning_cli.ROW_KEYS, kept apart so that the runner need not import the trainer)
-ARM_KEYS = "model.init_args.optimizer.init_args."
 # Keys the sweep sets itself; a sweep file that sets them would silently break resumability or grouping.
 RESERVED_KEYS = {
     "seed_everything": "list the seeds in the sweep's `seeds:` entry instead",
@@ -63,7 +61,7 @@ class SweepError(ConfigError):
 
 def is_arm_key(key: str) -> bool:
     """A key (full form) that ``vectorize_arms`` lets the points of one process differ in."""
-    return key.startswith(ARM_KEYS)
+    return key.startswith(ROW_KEYS)
 
 
 def cli_value(value: Any) -> str:
