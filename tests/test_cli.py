@@ -167,6 +167,10 @@ def test_smoke_fit_then_test(config: Path, paperlab_tmp: Path, capsys: pytest.Ca
             samples = metrics["diag/causal_pieces/count"] / metrics["diag/causal_pieces/fraction"]
             assert 150 <= round(samples) < 450, samples
             assert not any(k.startswith(("diag/weight_drift/", "diag/grad_var/", "diag/activations/")) for k in metrics)
+            # the piece maps of the input plane, at fit start and end, as MLflow figures (tests/conf: 40 x 40)
+            figures = {a.path for a in client().list_artifacts(run.info.run_id, "figures/causal_pieces")}
+            assert {"figures/causal_pieces/piece_map_init.png", "figures/causal_pieces/piece_map_final.png"} <= figures
+            assert metrics["diag/causal_pieces/grid_count_init"] >= 1 and metrics["diag/causal_pieces/grid_count_final"] >= 1
 
 
 # Configs whose method schedules more steps than TINY's three before it can end without an error: their

@@ -1,5 +1,5 @@
 """CausalPieceCounter: exact counts against a naive per-sample frozenset loop, ReLU linear regions,
-hashing, DDP union, logging and figures, bad input."""
+hashing, DDP union, logging, the piece maps' ids, bad input."""
 
 from __future__ import annotations
 
@@ -252,27 +252,18 @@ def test_a_path_and_a_full_counter_log_under_their_own_keys_with_line_pieces():
     assert path.history[0]["line_pieces_init"] == path.history[0]["line_pieces"] >= 1
 
 
-def test_piece_map_figure_is_an_mlflow_artifact(paperlab_tmp):
-    import mlflow
-    from lightning.pytorch.loggers import MLFlowLogger
-
-    dm = SpikeYinYangDataModule(train_size=200, val_size=20, test_size=20, batch_size=100)
-    model = CausalPiecesSNN(hidden_sizes=[10], init_seed=0)
-    logger = MLFlowLogger(experiment_name="causal_pieces_test", tracking_uri=mlflow.get_tracking_uri())
-    cb = CausalPieceCounter(schedule=Schedule(every_n_epochs=0), piece_map_resolution=40)
-    L.Trainer(
-        max_epochs=1,
-        logger=logger,
-        callbacks=[cb],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    ).fit(model, dm)
-    files = {a.path for a in mlflow.MlflowClient().list_artifacts(logger.run_id, "figures/causal_pieces")}
-    assert files == {"figures/causal_pieces/piece_map_init.png", "figures/causal_pieces/piece_map_final.png"}
-    pts, inputs, _ = dm.plane_grid(40)
-    assert piece_ids(model, inputs).shape == (pts.shape[0],)
+@pytest.mark.parametrize("mode", ["path", "full"])
+def test_piece_map_ids_partition_the_inputs_as_the_naive_keys_do(yy, mode):
+    """``piece_ids`` (the piece maps' colouring): two inputs share an id exactly when their naive piece keys
+    are equal. The figures themselves are checked in the method's smoke fit (tests/test_cli.py)."""
+    x = yy[0][:300]
+    model = _toy_snn()
+    keys, _ = naive_piece_keys(model.spike_times((x,)), mode)
+    ids = piece_ids(model, x, mode).tolist()
+    assert len(ids) == 300 and len(set(ids)) == len(set(keys)) > 5
+    first_of = {}
+    for i, key in zip(ids, keys):
+        assert first_of.setdefault(key, i) == i, "two inputs with one naive key got different ids"
 
 
 def test_ddp_count_is_the_union_over_ranks(tmp_path):
