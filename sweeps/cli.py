@@ -225,14 +225,15 @@ def sweep_main(argv: list[str]) -> int:
     if not args.dry_run and not args.in_process and args.launcher == "local" and not args.exec_prefix and (
         args.nodes * args.devices_per_node == 1
     ):
-        from sweeps.runner import WorkerPool
+        from sweeps.runner import WorkerPool, import_tracking
         from sweeps.spec import load_sweep
 
-        # started now: the workers (their fork server) import torch, Lightning and MLflow while this process
-        # imports MLflow; the first of them then checks the sweep
+        # started now, in the background: the workers (their fork server) import torch, Lightning and MLflow
+        # while this process imports MLflow; the first of them then checks the sweep
         base = load_sweep(args.config).base
         pool = WorkerPool(args.workers, warmup=["fit", "--config", str(base), "--print_config"])
         pool.start()
+        import_tracking()
     try:
         return _run_sweep(args, pool, argv)
     finally:

@@ -404,6 +404,13 @@ class Subprocesses:
 PRELOAD = ["lightning_cli", "mlflow", "mlflow.store.tracking.sqlalchemy_store", "sweeps.worker"]
 
 
+def import_tracking() -> None:
+    """Import what this process's own MLflow client needs (MLflow and its sqlite store, 2-4 s of CPU): called
+    while the workers' fork server imports ``PRELOAD`` on the other core, it is off the sweep's start-up."""
+    import mlflow  # noqa: F401
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+
+
 def _context() -> Any:
     """``forkserver`` (every worker forked from one process that imported ``PRELOAD``), else ``spawn``."""
     import multiprocessing
@@ -491,22 +498,40 @@ class WorkerPool:
         self._idle: list[_Worker] = []
         self._all: list[_Worker] = []
         self._lock = threading.Condition()
+        self._starter: threading.Thread | None = None
+        self._start_error: BaseException | None = None
 
     def _new(self) -> _Worker:
         return _Worker(self._ctx, self.cwd, self.warmup)
 
     def start(self) -> None:
+        """Start the workers and return at once. The first worker a process starts launches its fork server,
+        which imports ``PRELOAD`` before it forks (5-10 s): that runs beside this process's own start-up (the
+        runner imports MLflow meanwhile, ``import_tracking``), and ``_take`` waits for a worker."""
         with self._lock:
-            while len(self._all) < self.size:
-                worker = self._new()
-                self._all.append(worker)
-                self._idle.append(worker)
+            if self._starter is None:
+                self._starter = threading.Thread(target=self._start_workers, name="paperlab-sweep-pool", daemon=True)
+                self._starter.start()
+
+    def _start_workers(self) -> None:
+        with self._lock:
+            try:
+                while len(self._all) < self.size:
+                    worker = self._new()
+                    self._all.append(worker)
+                    self._idle.append(worker)
+            except BaseException as err:  # noqa: BLE001 - raised by _take, on the runner's thread
+                self._start_error = err
+            finally:
+                self._lock.notify_all()
 
     def _take(self) -> _Worker:
         with self._lock:
-            if not self._all:
+            if self._starter is None:
                 self.start()
             while not self._idle:
+                if self._start_error is not None:
+                    raise RuntimeError("could not start a sweep worker") from self._start_error
                 self._lock.wait()
             worker = self._idle.pop(0)
             if not worker.alive():  # died since its last command: replaced
