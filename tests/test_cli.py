@@ -98,7 +98,7 @@ def test_a_preset_diagnostic_the_experiment_configures_keeps_the_experiment_sett
         "WeightDrift", "ActivationStats", "GradientVariance"}
 
 
-@pytest.mark.parametrize("config", ["mlp_classifier/yinyang", "causal_pieces/yinyang"])
+@pytest.mark.parametrize("config", ["mlp_classifier/yinyang"])
 def test_the_config_artifact_is_the_validated_dump(config: str, paperlab_tmp: Path) -> None:
     """``dump_config`` skips jsonargparse's second validation (the parse did it); the text must be what the
     validated dump gives, class paths, links and None values included (checked once for all 78 experiment
