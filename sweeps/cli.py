@@ -164,14 +164,14 @@ def main(argv: list[str]) -> int:
     """Entry point: ``argv[0]`` is ``sweep`` or ``compare``."""
     command, rest = (argv[0], list(argv[1:])) if argv else ("", [])
     if command == "sweep":
-        return _guard(sweep_main, rest, EXIT_BAD_INPUT)
+        return _guard(sweep_main, rest, EXIT_BAD_INPUT, "the same command again skips the points that finished")
     if command == "compare":
-        return _guard(compare_main, rest, 2)
+        return _guard(compare_main, rest, 2, "the same command again starts over")
     print("usage: python main.py {sweep,compare} ...", file=sys.stderr)
     return 2
 
 
-def _guard(fn, argv: list[str], bad_input: int) -> int:
+def _guard(fn, argv: list[str], bad_input: int, after_interrupt: str) -> int:
     from tracking.uri import TrackingServerUnreachable
 
     try:
@@ -181,6 +181,9 @@ def _guard(fn, argv: list[str], bad_input: int) -> int:
     except (SweepError, TrackingServerUnreachable) as err:
         print(f"error: {err}", file=sys.stderr)
         return bad_input
+    except KeyboardInterrupt:  # outside the points (the runner stops those itself): at start-up, in compare
+        print(f"interrupted (Ctrl-C); {after_interrupt}", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def build_plan(args: argparse.Namespace):

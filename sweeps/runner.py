@@ -500,6 +500,7 @@ class WorkerPool:
         self._lock = threading.Condition()
         self._starter: threading.Thread | None = None
         self._start_error: BaseException | None = None
+        self._closed = False
 
     def _new(self) -> _Worker:
         return _Worker(self._ctx, self.cwd, self.warmup)
@@ -514,15 +515,26 @@ class WorkerPool:
                 self._starter.start()
 
     def _start_workers(self) -> None:
-        with self._lock:
-            try:
-                while len(self._all) < self.size:
-                    worker = self._new()
-                    self._all.append(worker)
-                    self._idle.append(worker)
-            except BaseException as err:  # noqa: BLE001 - raised by _take, on the runner's thread
+        """Start workers up to ``size``, each outside the lock (the first waits for the fork server's imports),
+        so that ``close`` (Ctrl-C while the sweep starts) does not wait for them; one started after ``close``
+        is closed at once."""
+        try:
+            while True:
+                with self._lock:
+                    if self._closed or len(self._all) >= self.size:
+                        return
+                worker = self._new()
+                with self._lock:
+                    if not self._closed:
+                        self._all.append(worker)
+                        self._idle.append(worker)
+                        self._lock.notify_all()
+                        continue
+                worker.close(0)
+                return
+        except BaseException as err:  # noqa: BLE001 - raised by _take, on the runner's thread
+            with self._lock:
                 self._start_error = err
-            finally:
                 self._lock.notify_all()
 
     def _take(self) -> _Worker:
@@ -532,6 +544,8 @@ class WorkerPool:
             while not self._idle:
                 if self._start_error is not None:
                     raise RuntimeError("could not start a sweep worker") from self._start_error
+                if self._closed:
+                    raise RuntimeError("the sweep's workers were closed")
                 self._lock.wait()
             worker = self._idle.pop(0)
             if not worker.alive():  # died since its last command: replaced
@@ -591,7 +605,9 @@ class WorkerPool:
     def close(self, timeout: float = 10.0) -> None:
         """Idle workers end at once; one still running a command gets ``timeout`` seconds to finish it."""
         with self._lock:
+            self._closed = True
             workers, self._all, self._idle = list(self._all), [], []
+            self._lock.notify_all()
         for worker in workers:
             worker.close(timeout if worker.busy else 0)
 

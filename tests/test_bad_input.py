@@ -188,3 +188,20 @@ def test_unreachable_tracking_server(paperlab_tmp: Path, monkeypatch: pytest.Mon
     assert cli_main(["fit", "--config", BASE, *SMALL]) == 1
     err = capsys.readouterr().err
     assert f"http://127.0.0.1:{port} does not answer" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["sweep", "compare"])
+def test_ctrl_c_outside_a_sweeps_points_is_one_line_and_exit_130(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Ctrl-C while a sweep starts (its workers' imports) or while compare reads the store: one line, exit 130,
+    no traceback (the runner stops running points itself, test_runner.py)."""
+    import sweeps.cli
+
+    def interrupted(argv: list[str]) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweeps.cli, f"{command}_main", interrupted)
+    assert cli_main([command, "--config", "whatever.yaml"]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("interrupted (Ctrl-C); the same command again") and "\n" not in err, err

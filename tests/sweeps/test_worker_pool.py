@@ -1,10 +1,11 @@
 """``WorkerPool.start`` returns at once (the fork server's imports overlap the runner's own start-up), the
-runner's first request waits for a worker, and a worker that cannot start is an error on the runner's
-thread, not a hang. The real workers are tested end to end in test_runner.py."""
+runner's first request waits for a worker, a worker that cannot start is an error on the runner's thread,
+not a hang, and closing the pool (Ctrl-C) while it starts does not wait for the workers. The real workers are tested end to end in test_runner.py."""
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,13 @@ class _GatedWorker:
     """A worker that is up only once ``gate`` is set, as a real one is once its fork server has imported."""
 
     gate = threading.Event()
+    started: list[_GatedWorker] = []
+    closed: list[_GatedWorker] = []
 
     def __init__(self, ctx: Any, cwd: Path, warmup: list[str] | None) -> None:
         assert self.gate.wait(10), "the test never opened the gate"
         self.busy = False
+        self.started.append(self)
 
     def alive(self) -> bool:
         return True
@@ -29,7 +33,7 @@ class _GatedWorker:
         return {"plan": f"plan of {request['plan']}"}
 
     def close(self, timeout: float = 10.0) -> None:
-        pass
+        self.closed.append(self)
 
 
 class _FailingWorker(_GatedWorker):
@@ -75,3 +79,23 @@ def test_a_worker_that_cannot_start_is_an_error_on_the_runners_thread(monkeypatc
     with pytest.raises(RuntimeError, match="could not start a sweep worker") as info:
         raise out["error"]
     assert isinstance(info.value.__cause__, OSError)
+
+
+def test_closing_while_the_workers_start_returns_at_once_and_a_late_worker_is_closed(monkeypatch) -> None:
+    monkeypatch.setattr(runner, "_Worker", _GatedWorker)
+    _GatedWorker.gate.clear()
+    _GatedWorker.started.clear()
+    _GatedWorker.closed.clear()
+    pool = runner.WorkerPool(2)
+    pool.start()
+    thread, out = _in_thread(pool.close)
+    thread.join(2)
+    assert not thread.is_alive(), "close waited for a worker that was still starting"
+    _GatedWorker.gate.set()  # the first worker comes up after the close: it is closed, and no second one starts
+    deadline = time.monotonic() + 10
+    while not _GatedWorker.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert len(_GatedWorker.started) == 1 and _GatedWorker.closed == _GatedWorker.started
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.plan(["sweep.yaml"])
