@@ -515,8 +515,8 @@ class PaperlabCLI(LightningCLI):
             if s == seeds[0]:
                 self.config_init = init
             if s == seeds[0] or seed_runs is not None or self.rows:
-                # dumped once (it costs a few hundredths of a second) when the seeds' configs differ in the seed line only; with
-                # --run.seed_runs their names and tags differ too
+                # dumped once (a few hundredths of a second) when the seeds' configs differ in the seed line
+                # only; with --run.seed_runs their names and tags differ too
                 dumped = dump_config(self._parser(self.subcommand), config.get(str(self.subcommand), config))
                 if len(SEED_LINE.findall(dumped)) != 1:
                     raise RuntimeError("the dumped config has no single top-level seed_everything line")

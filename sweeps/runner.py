@@ -18,6 +18,7 @@ from a fork server that imported torch, Lightning and MLflow once, see ``sweeps/
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -401,14 +402,17 @@ class Subprocesses:
 
 
 # what every worker needs, imported once by the fork server (see WorkerPool): 5-8 s of CPU per process
-PRELOAD = ["lightning_cli", "mlflow", "mlflow.store.tracking.sqlalchemy_store", "sweeps.worker"]
+#: what an MLflow client on the sqlite store imports (2-4 s of CPU): the runner's own and every worker's
+TRACKING_MODULES = ["mlflow", "mlflow.store.tracking.sqlalchemy_store"]
+PRELOAD = ["lightning_cli", *TRACKING_MODULES, "sweeps.worker"]
 
 
 def import_tracking() -> None:
-    """Import what this process's own MLflow client needs (MLflow and its sqlite store, 2-4 s of CPU): called
-    while the workers' fork server imports ``PRELOAD`` on the other core, it is off the sweep's start-up."""
-    import mlflow  # noqa: F401
-    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+    """Import ``TRACKING_MODULES``: the runner calls it while the workers' fork server imports ``PRELOAD`` on the
+    other core, so that it is off the sweep's start-up; a worker calls it in its warm-up (a no-op when forked
+    from that server)."""
+    for name in TRACKING_MODULES:
+        importlib.import_module(name)
 
 
 def _context() -> Any:
@@ -525,13 +529,14 @@ class WorkerPool:
                         return
                 worker = self._new()
                 with self._lock:
-                    if not self._closed:
+                    closed = self._closed
+                    if not closed:
                         self._all.append(worker)
                         self._idle.append(worker)
                         self._lock.notify_all()
-                        continue
-                worker.close(0)
-                return
+                if closed:
+                    worker.close(0)
+                    return
         except BaseException as err:  # noqa: BLE001 - raised by _take, on the runner's thread
             with self._lock:
                 self._start_error = err

@@ -93,10 +93,10 @@ def warm_up(command: list[str] | None) -> None:
     forked from the runner's fork server) and, with ``command`` (the sweep's ``fit --config <base>
     --print_config``), jsonargparse's first look at the config's classes. Touches no store: the runner may
     still be creating it."""
-    import mlflow  # noqa: F401
-    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
-
     import lightning_cli  # noqa: F401
+    from sweeps.runner import import_tracking
+
+    import_tracking()
 
     if command:
         run_command(command, os.devnull)

@@ -1,6 +1,7 @@
 """``WorkerPool.start`` returns at once (the fork server's imports overlap the runner's own start-up), the
 runner's first request waits for a worker, a worker that cannot start is an error on the runner's thread,
-not a hang, and closing the pool (Ctrl-C) while it starts does not wait for the workers. The real workers are tested end to end in test_runner.py."""
+not a hang, and closing the pool (Ctrl-C) while it starts does not wait for the workers. The real workers
+are tested end to end in test_runner.py."""
 
 from __future__ import annotations
 
