@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +67,32 @@ class _SharedParserCLI(PaperlabCLI):
         self.parser = _SharedParserCLI.shared
 
 
+@pytest.fixture(scope="module")
+def _config_builds_store(_migrated_mlflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One MLflow store for all the config builds. A build only reads the store (the fresh-run-name lookup)
+    and starts no run, so sharing it keeps the builds independent; a store this process has not opened costs
+    an engine and a schema check, about a fifth of each build (docs/benchmarks.md). At the end the store must
+    still hold no run: a build that started one would make the next build's run name depend on the order."""
+    import mlflow
+
+    path = tmp_path_factory.mktemp("config-builds") / "mlflow.db"
+    shutil.copy(_migrated_mlflow_db, path)
+    uri = f"sqlite:///{path}"
+    yield uri
+    store = mlflow.MlflowClient(uri)
+    experiments = [e.experiment_id for e in store.search_experiments(view_type=mlflow.entities.ViewType.ALL)]
+    runs = store.search_runs(experiments, run_view_type=mlflow.entities.ViewType.ALL)
+    assert not runs, f"config builds started runs: {[r.info.run_name for r in runs]}"
+
+
 @pytest.mark.parametrize("config", EXPERIMENT_CONFIGS, ids=_config_id)
-def test_config_builds(config: Path, paperlab_tmp: Path) -> None:
+def test_config_builds(config: Path, paperlab_tmp: Path, _config_builds_store: str,
+                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The default suite's check of every experiment config: parsed, model and DataModule built (sizes linked),
     the training split set up (on the slice tests/conf/config_builds.yaml names, if any) and its first batch
     drawn; no fit (each method's smoke fit is below, every config's tiny fit in the slow suite). A paper-scale
     config fails offline with the one-line hint only."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", _config_builds_store)
     try:
         cli = _SharedParserCLI(args=["--config", str(config), *build_slice(config), *TINY], run=False)
         data = cli.datamodule
@@ -99,16 +120,22 @@ def test_a_preset_diagnostic_the_experiment_configures_keeps_the_experiment_sett
 
 
 @pytest.mark.parametrize("config", ["mlp_classifier/yinyang"])
-def test_the_config_artifact_is_the_validated_dump(config: str, paperlab_tmp: Path) -> None:
-    """``dump_config`` skips jsonargparse's second validation (the parse did it); the text must be what the
+def test_the_dumps_are_the_validated_dump(config: str, paperlab_tmp: Path) -> None:
+    """Neither the config artifact (``dump_config``) nor LightningCLI's dump for ``save_hyperparameters``
+    (``ParsedConfigParser``) runs jsonargparse's second validation (the parse did it); each must be what the
     validated dump gives, class paths, links and None values included (checked once for all 78 experiment
-    configs when the validation was dropped, docs/benchmarks.md)."""
+    configs when the validation was dropped, docs/benchmarks.md), and the model's hyperparameters keep what
+    ``load_from_checkpoint`` needs."""
     from tracking.config_artifact import dump_config
 
     cli = _SharedParserCLI(args=["--config", str(REPO / "configs" / f"{config}.yaml"), *TINY], run=False)
     dumped = dump_config(cli.parser, cli.config)
-    assert dumped == cli.parser.dump(cli.config, skip_unset=False)
+    assert dumped == cli.parser.dump(cli.config, skip_unset=False, skip_validation=False)
     assert "class_path: modules." in dumped and ": null" in dumped
+    validated = cli.parser.dump(cli.config, skip_link_targets=False, skip_unset=False, format="yaml",
+                                skip_validation=False)
+    assert cli.config_dump == yaml.safe_load(validated)
+    assert cli.model.hparams["_class_path"] == cli.config.model.class_path
 
 
 def _default_config(method: str) -> Path:

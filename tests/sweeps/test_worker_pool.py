@@ -19,10 +19,12 @@ class _GatedWorker:
     """A worker that is up only once ``gate`` is set, as a real one is once its fork server has imported."""
 
     gate = threading.Event()
+    constructing = threading.Event()  # set once the pool's thread is inside a worker's start
     started: list[_GatedWorker] = []
     closed: list[_GatedWorker] = []
 
     def __init__(self, ctx: Any, cwd: Path, warmup: list[str] | None) -> None:
+        self.constructing.set()
         assert self.gate.wait(10), "the test never opened the gate"
         self.busy = False
         self.started.append(self)
@@ -85,10 +87,13 @@ def test_a_worker_that_cannot_start_is_an_error_on_the_runners_thread(monkeypatc
 def test_closing_while_the_workers_start_returns_at_once_and_a_late_worker_is_closed(monkeypatch) -> None:
     monkeypatch.setattr(runner, "_Worker", _GatedWorker)
     _GatedWorker.gate.clear()
+    _GatedWorker.constructing.clear()
     _GatedWorker.started.clear()
     _GatedWorker.closed.clear()
     pool = runner.WorkerPool(2)
     pool.start()
+    # a loaded machine may not have entered the first worker's start yet; the close must find it inside
+    assert _GatedWorker.constructing.wait(10), "the pool never began to start a worker"
     thread, out = _in_thread(pool.close)
     thread.join(2)
     assert not thread.is_alive(), "close waited for a worker that was still starting"
