@@ -62,7 +62,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         import datasets.config  # noqa: F401
         import huggingface_hub.constants  # noqa: F401
     if "fork_server" in needed:  # the fork server of tests.helpers.forked: ~7 s of imports, once
-        from tests.helpers import start_fork_server
+        from tests.fork_server import start_fork_server
 
         start_fork_server(wait=True)
     if "mlflow_ui" in needed:
@@ -179,7 +179,7 @@ def mlflow_ui(request: pytest.FixtureRequest, _migrated_mlflow_db: Path) -> Iter
 def fork_server() -> None:
     """This session's fork server for ``tests.helpers.forked`` and ``fork_main`` (started when collection is
     done where a collected test requests this fixture; here otherwise)."""
-    from tests.helpers import start_fork_server
+    from tests.fork_server import start_fork_server
 
     start_fork_server()
 
@@ -228,6 +228,13 @@ def _tree_files() -> set[str]:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config._paperlab_files = _tree_files()  # type: ignore[attr-defined]
+    config = session.config
+    if not config.option.collectonly and any(Path(arg.split("::")[0]).is_dir() for arg in config.args):
+        # A folder's tests (the default suite: testpaths) hold tests that fork: the fork server's ~7 s of imports
+        # run on the other core while this process collects (~20 s), and pytest_collection_finish finds it ready.
+        from tests.fork_server import start_fork_server
+
+        start_fork_server()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from modules.mlp_classifier import MLPClassifier
+from tests.fork_server import start_fork_server
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "2",
@@ -53,28 +54,6 @@ def run_main(args: list[str], cwd: Path, env: dict[str, str] | None = None, time
     full_env = {**os.environ, "CI": "1", "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, str(REPO / "main.py"), *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout, preexec_fn=_sigint_as_in_a_terminal)
-
-
-# What the fork server of fork_main imports once (the sweep workers' fork server, if it started first, has these)
-_FORK_PRELOAD = ["main", "lightning_cli", "mlflow", "mlflow.store.tracking.sqlalchemy_store", "tests.helpers"]
-
-
-def start_fork_server(wait: bool = False) -> Any:
-    """Start this process's fork server if it is not running, and return the ``forkserver`` context. The server
-    imports ``_FORK_PRELOAD`` (about 7 s of CPU) in its own process and the first fork waits for that; with
-    ``wait``, this does (``tests/conftest.py`` starts it so when collection is done: session set-up, not a cost
-    of whichever test forks first)."""
-    import multiprocessing
-    import multiprocessing.forkserver
-
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(_FORK_PRELOAD)  # no effect once this process's fork server runs
-    multiprocessing.forkserver.ensure_running()
-    if wait:  # a first child is forked once the server has its imports
-        proc = ctx.Process(target=os.getpid)
-        proc.start()
-        proc.join()
-    return ctx
 
 
 def forked(target: Any, *args: Any) -> Any:
