@@ -27,6 +27,7 @@ from torch import nn
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from modules.components.activations import declared_shape_parameters
 from modules.components.local_basis import AdaptiveNodes
+from tracking.figures import new_figure
 
 
 def shaped_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -74,7 +75,6 @@ class ActivationParamTracker(Diagnostic):
         schedule: when to measure (default: the initialisation and every 100 optimiser steps).
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "activation_params"
 
     def __init__(
@@ -108,16 +108,12 @@ class ActivationParamTracker(Diagnostic):
         self.node_history = list(state.get("node_history", []))[-self.max_history :]
 
     def figure(self) -> Any:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
 
         steps = [h["step"] for h in self.history]
         residuals = sorted({k for h in self.node_history for k in h if k != "step"})
         # every logged key that is not a node layer's summary is a declared shape parameter
         shape_keys = sorted({k for h in self.history for k in h if k != "step" and k.rsplit("/", 1)[0] not in residuals})
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        fig, axes = new_figure(1, 2, figsize=(11, 4))
         for key, style in zip(shape_keys, cycle(("-", "--", ":", "-."))):
             axes[0].plot(steps, [h.get(key, float("nan")) for h in self.history], style, label=key.replace("/", " "))
         axes[0].set(xlabel="step", title="activation shape parameters")

@@ -45,6 +45,7 @@ from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from callbacks.weight_drift import InputSourceTracer, forward_on, weight_layers
 from errors import ConfigError
 from modules.components.activations import activation_bias
+from tracking.figures import new_figure
 
 PREFIX = "diag/activations"
 _LOG_LO, _LOG_HI, _N_BINS = -10.0, 10.0, 4000  # log10|h| range of the median histogram (0.005 per bin)
@@ -98,7 +99,6 @@ class ActivationStats(Diagnostic):
         near_zero_eps: the threshold of ``near_zero``, the fraction of ``|h| < near_zero_eps``.
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "activations"
 
     def __init__(
@@ -304,15 +304,10 @@ class ActivationStats(Diagnostic):
 
 def activation_figure(history: list[dict[str, float]]) -> Any:
     """Sparsity heat map (layer x measurement) and max |h| per layer against step."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     layers = sorted({k.rsplit("/", 1)[0] for h in history for k in h if k.endswith("/sparsity")})
     steps = [h["step"] for h in history]
     grid = [[h.get(f"{n}/sparsity", float("nan")) for h in history] for n in layers]
-    fig, axes = plt.subplots(1, 2, figsize=(12, max(3.0, 0.25 * len(layers) + 1)))
+    fig, axes = new_figure(1, 2, figsize=(12, max(3.0, 0.25 * len(layers) + 1)))
     im = axes[0].imshow(grid, aspect="auto", vmin=0, vmax=1, cmap="viridis")
     axes[0].set_yticks(range(len(layers)), layers, fontsize=6)
     ticks = list(range(0, len(steps), max(1, len(steps) // 8)))

@@ -48,6 +48,7 @@ from torchmetrics import Metric
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from errors import ConfigError
 from modules.protocols import ActivationPatterns, SpikeTimes
+from tracking.figures import new_figure
 
 PREFIX = "diag/causal_pieces"
 # (x * _BYTE_MAGIC) >> 56 gathers the low bits of the 8 bytes of x into one byte (x's bytes are 0 or 1)
@@ -148,7 +149,6 @@ def piece_bits(module: nn.Module, batch, mode: str = "path") -> tuple[list[Tenso
 @dataclass
 class PieceCount:
     """Result of one count; ``keys``/``counts`` are the distinct piece keys and their occupancy."""
-
     count: int
     samples: int
     entropy: float
@@ -172,7 +172,6 @@ class PieceCount:
 
 class _Accumulator:
     """Distinct keys over batches: exact packed rows, switching to 128-bit hashes past a memory budget."""
-
     def __init__(self, key: str, max_exact_bytes: int) -> None:
         if key not in ("auto", "exact", "hash128"):
             raise ConfigError(f"key must be 'auto', 'exact' or 'hash128', got {key!r}")
@@ -346,14 +345,9 @@ def line_piece_counts(
 
 def piece_map_figure(points: Tensor, ids: Tensor, classes: Tensor | None = None, title: str = ""):
     """Scatter of the input plane coloured by piece (random colours), with the class boundary overlaid."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     gen = torch.Generator().manual_seed(0)
     palette = torch.rand(int(ids.max()) + 1, 3, generator=gen).numpy()
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig, ax = new_figure(figsize=(5, 5))
     pts = points.cpu().numpy()
     ax.scatter(pts[:, 0], pts[:, 1], c=palette[ids.cpu().numpy()], s=2, marker="s", linewidths=0)
     if classes is not None:
@@ -383,7 +377,6 @@ class CausalPieceCounter(Diagnostic):
         line_points: points per segment.
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "causal_pieces"
 
     def __init__(

@@ -17,6 +17,7 @@ import lightning as L
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from modules.protocols import CertificateReport
+from tracking.figures import new_figure
 
 
 class CertificateVerification(Diagnostic):
@@ -26,7 +27,6 @@ class CertificateVerification(Diagnostic):
         schedule: when to log (default: every epoch, i.e. every refinement round, and not at fit start).
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "certificate"
     requires = (CertificateReport,)
     default_schedule = Schedule(at_fit_start=False, every_n_epochs=1)
@@ -45,9 +45,8 @@ class CertificateVerification(Diagnostic):
         rows = [h for h in self.history if "queries" in h]
         if not rows:
             return None
-        import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.2))
+        fig, axes = new_figure(1, 2, figsize=(8.4, 3.2))
         x = list(range(1, len(rows) + 1))
         axes[0].plot(x, [h["queries"] for h in rows], marker="o")
         axes[0].set_title("simulator queries", fontsize=9)

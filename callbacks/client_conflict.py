@@ -30,6 +30,7 @@ from torch import Tensor
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from modules.protocols import ClientUpdates
+from tracking.figures import new_figure
 
 
 def cosines(updates: Tensor, direction: Tensor) -> Tensor:
@@ -56,7 +57,6 @@ class ClientConflict(Diagnostic):
         per_layer: also log ``layer/<name>/rate`` for every layer group.
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "client_conflict"
     requires = (ClientUpdates,)
 
@@ -108,10 +108,9 @@ class ClientConflict(Diagnostic):
         self.totals = dict(state.get("totals", self.totals))
 
     def figure(self) -> Any | None:
-        import matplotlib.pyplot as plt
 
         steps = [h["step"] for h in self.history]
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        fig, ax = new_figure(figsize=(6, 3.5))
         for key, label in (("rate", "model"), ("layer_rate", "(client, layer) pairs"), ("step_rate", "server step")):
             ax.plot(steps, [h.get(key, float("nan")) for h in self.history], label=label)
         ax.set_xlabel("round")

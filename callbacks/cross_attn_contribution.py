@@ -16,6 +16,7 @@ import torch
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from modules import protocols
+from tracking.figures import new_figure
 
 
 class CrossAttnContribution(Diagnostic):
@@ -25,7 +26,6 @@ class CrossAttnContribution(Diagnostic):
         schedule: when to measure (default: every 100 steps).
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "cross_attn_contribution"
     requires = (protocols.CrossAttentionShare,)
 
@@ -58,12 +58,8 @@ class CrossAttnContribution(Diagnostic):
     def figure(self) -> Any:
         if not self.history:
             return None
-        import matplotlib
 
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5, 3.5))
+        fig, ax = new_figure(figsize=(5, 3.5))
         steps = [rec.get("step", 0) for rec in self.history]
         for key in sorted(k for k in self.history[-1] if k.startswith("layer")):
             ax.plot(steps, [rec.get(key, float("nan")) for rec in self.history], marker="o", label=key)

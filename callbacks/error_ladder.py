@@ -21,6 +21,7 @@ import lightning as L
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from modules.protocols import ProvidesErrorLadder
+from tracking.figures import new_figure
 
 
 class ErrorLadder(Diagnostic):
@@ -30,7 +31,6 @@ class ErrorLadder(Diagnostic):
         schedule: when to measure (default: after every epoch, i.e. every level).
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "error_ladder"
     requires = (ProvidesErrorLadder,)
     default_schedule = Schedule(at_fit_start=False, every_n_epochs=1)
@@ -87,17 +87,13 @@ class ErrorLadder(Diagnostic):
         lad = self.last
         if lad is None or "d" not in lad:
             return None
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
 
         true, calib, levels = lad["true"], lad["calib"], lad["levels"]
         test = (~calib).nonzero().squeeze(1).tolist()
         n = true.shape[1]
         maps = lad.get("maps")
         n_maps = 0 if maps is None else maps["true"].shape[0]
-        fig, grid = plt.subplots(1, 1 + 2 * min(n_maps, 2), figsize=(4 + 3 * 2 * min(n_maps, 2), 3.6), squeeze=False)
+        fig, grid = new_figure(1, 1 + 2 * min(n_maps, 2), figsize=(4 + 3 * 2 * min(n_maps, 2), 3.6), squeeze=False)
         axes = list(grid[0])  # squeeze=False: a (1, n) array even for a single panel
         ax = axes[0]
         for i, s in enumerate(test):

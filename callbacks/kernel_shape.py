@@ -26,6 +26,7 @@ from torch import Tensor
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from errors import ConfigError
 from modules.protocols import MemoryKernels
+from tracking.figures import new_figure
 
 
 def fit_lines(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -67,7 +68,6 @@ class KernelShape(Diagnostic):
         r2_threshold: log-log R^2 above which a channel counts as a power law.
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "kernel_shape"
     requires = (MemoryKernels,)
 
@@ -133,13 +133,8 @@ class KernelShape(Diagnostic):
 
 def kernel_figure(curves: dict[str, Any]) -> Any:
     """Each layer's median-channel kernel on log-log and semilog axes, at the last measurement."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     lags = torch.tensor(curves["lags"], dtype=torch.float64)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = new_figure(1, 2, figsize=(11, 4))
     for i, lk in enumerate(curves["log_kernel"]):
         y = torch.tensor(lk) / math.log(10)
         for ax in axes:

@@ -18,6 +18,7 @@ import lightning as L
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from errors import ConfigError
 from modules.protocols import ProvidesParameterScaling
+from tracking.figures import new_figure
 from tracking.tables import table_csv
 
 
@@ -39,7 +40,6 @@ class ParameterScaling(Diagnostic):
         schedule: when to count (default: once, at fit start).
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "param_scaling"
     requires = (ProvidesParameterScaling,)
 
@@ -80,12 +80,8 @@ class ParameterScaling(Diagnostic):
     def figure(self) -> Any:
         if not self.counts:
             return None
-        import matplotlib
 
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5, 3.5))
+        fig, ax = new_figure(figsize=(5, 3.5))
         for model, counts in self.counts.items():
             ax.loglog(self.widths, counts, marker="o", label=model)
         ax.set(xlabel="INR width W", ylabel="trainable parameters", title="hypernetwork size against target width")

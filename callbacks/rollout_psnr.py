@@ -21,6 +21,7 @@ from torch import Tensor
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from errors import ConfigError
 from modules import protocols
+from tracking.figures import new_figure
 
 
 def rollout_summary(mean_psnr: Tensor) -> dict[str, float]:
@@ -42,7 +43,6 @@ class RolloutPSNR(Diagnostic):
         max_images: images of the batch used.
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "rollout_psnr"
     requires = (protocols.HasRolloutPSNR,)
 
@@ -94,12 +94,8 @@ class RolloutPSNR(Diagnostic):
     def figure(self) -> Any:
         if not self.curves:
             return None
-        import matplotlib
 
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5, 3.5))
+        fig, ax = new_figure(figsize=(5, 3.5))
         shown = self.curves[-6:]
         for i, (curve, rec) in enumerate(zip(shown, self.history[-len(shown):])):
             ks = [k for k, v in enumerate(curve) if math.isfinite(v)]

@@ -32,6 +32,7 @@ import lightning as L
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from errors import ConfigError
 from modules.protocols import SimulatedClockSource
+from tracking.figures import new_figure
 
 
 def clock_source(trainer: L.Trainer, pl_module: L.LightningModule) -> SimulatedClockSource | None:
@@ -55,7 +56,6 @@ class SimulatedClock(Diagnostic):
         stop_at_target: stop training once the target is reached.
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "sim_clock"
     default_schedule = Schedule(every_n_steps=50)
 
@@ -137,10 +137,9 @@ class SimulatedClock(Diagnostic):
         rows = [h for h in self.history if "seconds" in h]
         if len(rows) < 2:
             return None
-        import matplotlib.pyplot as plt
 
         keys = [k for k in ("grad_norm_sq", "loss_gap", "coords_up", "coords_down") if k in rows[0]]
-        fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(4.2 * max(1, len(keys)), 3.2), squeeze=False)
+        fig, axes = new_figure(1, max(1, len(keys)), figsize=(4.2 * max(1, len(keys)), 3.2), squeeze=False)
         t = [h["seconds"] for h in rows]
         for ax, key in zip(axes[0], keys or ["seconds"]):
             ax.plot(t, [h.get(key, float("nan")) for h in rows])

@@ -21,6 +21,7 @@ from torch import Tensor
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from errors import ConfigError
 from modules.protocols import SphericalSpectrum
+from tracking.figures import new_figure
 
 BANDS = ("low", "mid", "high")
 
@@ -58,7 +59,6 @@ class SpectralEnergy(Diagnostic):
         max_samples: samples of the fixed batch used.
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "spectral_energy"
     requires = (SphericalSpectrum,)
 
@@ -115,12 +115,8 @@ class SpectralEnergy(Diagnostic):
     def figure(self) -> Any:
         if not self.last:
             return None
-        import matplotlib
 
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+        fig, axes = new_figure(1, 2, figsize=(10, 3.6))
         for ax, axis, label in zip(axes, ("l", "d"), ("degree l", "diagonal d = l - m")):
             for src, style in (("target", "-"), ("prediction", "--")):
                 ax.semilogy(self.last[f"{src}_{axis}"], style, marker=".", label=src)

@@ -20,6 +20,7 @@ from torch import Tensor
 from callbacks.diagnostic import Diagnostic, Moment, Reduction, Schedule
 from errors import ConfigError
 from modules.protocols import MemoryUsage
+from tracking.figures import new_figure
 
 
 def decade_bands(tau: Tensor) -> list[tuple[float, float]]:
@@ -61,7 +62,6 @@ class TimescaleUsage(Diagnostic):
         max_samples: samples of the batch the memories are averaged over.
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "timescale_usage"
     requires = (MemoryUsage,)
 
@@ -109,12 +109,8 @@ class TimescaleUsage(Diagnostic):
     def figure(self) -> Any:
         if not self.last:
             return None
-        import matplotlib
 
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = new_figure(figsize=(6, 4))
         ax.scatter(self.last["tau"], self.last["abs_m"], s=8, alpha=0.6)
         ax.set_xscale("log")
         ax.set(xlabel="tau_m", ylabel="mean |m|", title=f"memory use per timescale (step {self.last['step']})")

@@ -36,6 +36,7 @@ from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from errors import ConfigError
 from modules.components.activations import activation_bias
 from modules.protocols import DiagnosticForward
+from tracking.figures import new_figure
 
 PREFIX = "diag/weight_drift"
 WEIGHT_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -71,7 +72,6 @@ class InputSourceTracer:
     After the ``with`` block, ``sources[name]`` is the activation's class name (or None) and ``roles[name]``
     one of ``ROLES``.
     """
-
     def __init__(self, model: nn.Module, exclude: tuple[str, ...] = ()) -> None:
         self.model = model
         self.layers = dict(weight_layers(model, exclude))
@@ -156,7 +156,6 @@ class WeightDrift(Diagnostic):
         downstream: names of layers to treat as downstream regardless of the hook detection.
         if_unsupported, plot, max_history: see ``Diagnostic``.
     """
-
     name = "weight_drift"
 
     def __init__(
@@ -295,12 +294,7 @@ class WeightDrift(Diagnostic):
 
 def drift_figure(history: list[dict[str, float]], roles: dict[str, str], layers: list[str]) -> Any:
     """Drift ``mean(W_t - W_0)`` and the fraction of negative weights against step, one line per layer."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = new_figure(1, 2, figsize=(11, 4))
     colours = {"downstream": "tab:red", "symmetric": "tab:blue", "other": "tab:gray"}
     steps = [h["step"] for h in history]
     for name in layers:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeps.comparison import Comparison, Group, Row, sort_key
+from tracking.figures import figure_png, new_figure
 
 
 def _fmt(v: float | None) -> str:
@@ -133,12 +134,7 @@ def _numeric(labels: list[str]) -> list[float] | None:
 def figure(result: Comparison) -> Any:
     """Metric against the first ``--by`` value (mean and 95% interval), one line per value of the others;
     with ``--x``, a scatter of the metric against ``x`` with Spearman's rho."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = new_figure(figsize=(6.4, 4.2))
     if len(result.metrics) > 1:  # one category per metric (per layer, ...), one series per group
         series: dict[tuple[str, ...], list[Group]] = {}
         for g in result.groups:
@@ -225,20 +221,12 @@ def write_outputs(
     client: Any, result: Comparison, out_dir: Path, log_to_parent: bool = True
 ) -> dict[str, Path]:
     """Write ``<stem>.png``, ``<stem>.csv`` (the table), ``<stem>_runs.csv``; log them to the parent run."""
-    from tracking.figures import figure_png
-
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = slug(result.metric.replace("*", "all")) + ("_per_" + slug(result.divide_by) if result.divide_by else "")
     stem += "_vs_" + slug(result.x) if result.x else ""
     named = [k for k in result.by if k not in result.auto_by]
     stem += "_by_" + "_".join(slug(short_label(k)) for k in named) if named else ""
-    fig = figure(result)
-    try:
-        png = figure_png(fig)
-    finally:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
+    png = figure_png(figure(result))
     files = {
         "figure": out_dir / f"{stem}.png",
         "csv": out_dir / f"{stem}.csv",

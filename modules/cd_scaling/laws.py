@@ -27,6 +27,7 @@ import numpy as np
 from errors import ConfigError
 from modules.components.scaling_laws import ChinchillaLaw, EffectivenessLaw, fit_chinchilla, fit_effectiveness
 from modules.components.stats import summarize
+from tracking.figures import new_figure
 
 EXPERIMENT = "cd_scaling"
 LOSS = "val/loss"
@@ -40,7 +41,6 @@ SWEEP_HINT = {
 @dataclass(frozen=True)
 class ScalingRun:
     """One finished run: its name, N, U, D and final validation loss."""
-
     name: str
     N: float
     U: float
@@ -55,7 +55,6 @@ class ScalingRun:
 @dataclass
 class LawsResult:
     """What ``fit_laws`` found (and logged as the run ``run_id``)."""
-
     law: ChinchillaLaw
     cd: EffectivenessLaw
     constant: EffectivenessLaw
@@ -177,13 +176,10 @@ def figures(result: LawsResult) -> dict[str, Any]:
     repeat: the cd form); ``eta_bar``: measured eta_bar per cell against epochs, one line per (N, U)."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out = {}
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = new_figure(figsize=(6.4, 4.2))
     sizes = sorted({r.N for r in result.anchors} | {r.N for r in result.repeat})
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, n in enumerate(sizes):
         c = colors[i % len(colors)]
         a = [r for r in result.anchors if r.N == n]
@@ -204,7 +200,7 @@ def figures(result: LawsResult) -> dict[str, Any]:
     fig.tight_layout()
     out["figures/loss_vs_tokens.png"] = fig
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = new_figure(figsize=(6.4, 4.2))
     for i, n in enumerate(sizes):
         for j, u in enumerate(sorted({c["U"] for c in result.cells})):
             cells = [c for c in result.cells if c["N"] == n and c["U"] == u]
@@ -223,8 +219,6 @@ def figures(result: LawsResult) -> dict[str, Any]:
 
 def log_result(client: Any, experiment: str, result: LawsResult, params: dict[str, str]) -> str:
     """Log ``result`` as a FINISHED run ``fit_laws`` of ``experiment``; returns its run id."""
-    import matplotlib.pyplot as plt
-
     from tracking.analysis_run import analysis_run, log_metrics
     from tracking.tables import table_csv
 
@@ -244,7 +238,6 @@ def log_result(client: Any, experiment: str, result: LawsResult, params: dict[st
         client.log_text(run_id, table_csv(result.cells), "tables/cells.csv")
         for path, fig in figures(result).items():
             client.log_figure(run_id, fig, path)
-            plt.close(fig)
     return run_id
 
 

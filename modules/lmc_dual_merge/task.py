@@ -37,7 +37,7 @@ from modules.components.lm_task import CausalLMTask, load_lm
 from modules.components.supervised import NetFactory
 from modules.components.tiny_gpt import TinyGPT
 from modules.lmc_dual_merge.symmetries import apply_transforms, fold_norms, weight_matching
-from tracking.figures import log_figure
+from tracking.figures import log_figure, new_figure
 
 Mode = Literal["naive", "weight_matching", "one_sided", "dual"]
 Symmetry = Literal["norm_absorb", "resid_rot", "head_perm", "head_qk", "head_vo", "ffn_perm"]
@@ -117,7 +117,6 @@ class EndpointTransform(nn.Module):
     as logits (one-hot at the initial permutation), Sinkhorn-relaxed while training, hardened to permutation
     matrices otherwise; QK/VO maps as matrices from the identity.
     """
-
     def __init__(self, n_layer: int, n_head: int, d: int, ffn: int, symmetries: list[str], tau: float) -> None:
         super().__init__()
         self.symmetries, self.n_head, self.tau = list(symmetries), n_head, tau
@@ -186,7 +185,6 @@ def load_endpoint(path: str) -> TinyGPT:
 
 class LMCEndpoint(CausalLMTask):
     """One endpoint of LMC-DM: next-character training of a ``TinyGPT`` (``net``; see ``CausalLMTask``)."""
-
     paper_id = "004-03"
     monitor = "val/loss"
     monitor_mode = "min"
@@ -221,7 +219,6 @@ class DualLMCAligner(PaperTask):
         input_shape, num_classes: linked from the DataModule (context, vocabulary).
         optimizer, lr_scheduler: for phi (Adam, lr 1e-3 by default).
     """
-
     paper_id = "004-03"
     monitor = "val/barrier"
     monitor_mode = "min"
@@ -423,12 +420,7 @@ class DualLMCAligner(PaperTask):
     def curve_figure(self) -> Any | None:
         if not self.curves:
             return None
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5, 3.5))
+        fig, ax = new_figure(figsize=(5, 3.5))
         for stage, curve in self.curves.items():
             ax.plot(EVAL_ALPHAS, curve, marker="o", label=f"{stage} (barrier {loss_barrier(EVAL_ALPHAS, curve):.3g})")
             ax.plot([0, 1], [curve[0], curve[-1]], ls="--", color="grey", lw=0.8)

@@ -6,17 +6,14 @@ from typing import Any
 
 from torch import Tensor
 
+from tracking.figures import new_figure
+
 
 def solution_figure(x: Tensor, u: Tensor, u_star: Tensor, title: str) -> Any:
     """``u`` and ``u*`` against ``x``, and ``|u - u*|`` on a log axis."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     order = x.argsort()
     x, u, u_star = x[order].double(), u[order].double(), u_star[order].double()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig, axes = new_figure(1, 2, figsize=(10, 3.5))
     axes[0].plot(x, u_star, "k-", lw=2, label="u*")
     axes[0].plot(x, u, "r--", lw=1, label="u")
     axes[0].set(xlabel="x", title=title)

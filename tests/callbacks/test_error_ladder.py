@@ -62,9 +62,6 @@ def test_logs_each_level_and_builds_table_and_figure():
     assert rows[-1].split(",")[1:3] == ["test", "9"]
     fig = cb.figure()
     assert fig is not None and len(fig.axes) == 5
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
 
 
 def test_unsupported_module_fails_with_the_method_to_implement():

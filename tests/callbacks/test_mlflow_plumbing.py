@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
+import ast
 import time
 from pathlib import Path
 
 import lightning as L
 import matplotlib
+import pytest
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-
-from datamodules.hub import HubDataUnavailable, load_hub_dataset  # noqa: E402
-from datamodules.yinyang import YinYangDataModule  # noqa: E402
-from modules.mlp_classifier import MLPClassifier  # noqa: E402
-from tests.helpers import client  # noqa: E402
-from tracking.figures import log_figure  # noqa: E402
-from tracking.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, flatten_params  # noqa: E402
-from tracking.system_metrics import SystemMetrics  # noqa: E402
+from callbacks.causal_pieces import piece_map_figure
+from datamodules.hub import HubDataUnavailable, load_hub_dataset
+from datamodules.yinyang import YinYangDataModule
+from modules.mlp_classifier import MLPClassifier
+from tests.helpers import REPO, client
+from tracking.figures import close_pyplot_figure, log_figure, new_figure
+from tracking.mlflow_logger import PaperlabMLFlowLogger, check_tracking_server, flatten_params
+from tracking.system_metrics import SystemMetrics
 
 
 class _SlowEpochs(L.Callback):
@@ -28,9 +28,49 @@ class _SlowEpochs(L.Callback):
 
 class _Plot(L.Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        fig, ax = plt.subplots()
+        fig, ax = new_figure(figsize=(4, 3))
         ax.plot([0, 1], [1, 0])
         self.logged = log_figure(trainer, fig, "figures/line.png")
+
+
+def test_figures_leave_pyplot_and_its_backend_alone() -> None:
+    """A researcher's notebook keeps its backend and its figures through a fit: the figures are drawn without
+    pyplot (a callback's piece map here), and a figure drawn with pyplot is dropped from pyplot once logged."""
+    import matplotlib.pyplot as plt
+
+    before = matplotlib.get_backend()
+    plt.switch_backend("svg")  # stands for a notebook's inline backend
+    try:
+        user_fig = plt.figure()
+        points = torch.rand(50, 2)
+        fig = piece_map_figure(points, torch.arange(50) % 3, title="t")
+        assert fig.axes and matplotlib.get_backend() == "svg"
+        assert plt.get_fignums() == [user_fig.number]  # the piece map is not in pyplot's registry
+        close_pyplot_figure(user_fig)
+        assert plt.get_fignums() == []
+    finally:
+        plt.close("all")
+        plt.switch_backend(before)
+
+
+def test_no_module_draws_with_pyplot_or_switches_the_backend() -> None:
+    """Every figure comes from ``tracking.figures.new_figure``: no module of the project imports pyplot or
+    calls ``matplotlib.use`` (either would switch a notebook's backend or leave figures in pyplot's registry)."""
+    offenders = []
+    tops = [p for p in REPO.iterdir() if p.name != "tests" and not p.name.startswith((".", "build"))]
+    paths = [p for top in tops for p in ([top] if top.suffix == ".py" else top.rglob("*.py") if top.is_dir() else [])]
+    for path in sorted(paths):
+        rel, text = path.relative_to(REPO), path.read_text()
+        if "matplotlib" not in text and "pyplot" not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("matplotlib"):
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            called = isinstance(node, ast.Call) and ast.unparse(node.func) == "matplotlib.use"
+            if called or any(n.startswith("matplotlib.pyplot") for n in names):
+                offenders.append(f"{rel}:{node.lineno}")
+    assert not offenders, offenders
 
 
 def test_figure_and_system_metrics_reach_the_run(paperlab_tmp: Path) -> None:

@@ -55,10 +55,7 @@ def test_rollout_psnr_logs_every_step_on_the_fixed_validation_batch() -> None:
     assert last["gain"] == pytest.approx(float(expected[3] - expected[1]), abs=1e-4)
     # the figure the base logs at fit end (the smoke fit runs without it): one PSNR curve per measurement
     fig = cb.figure()
-    import matplotlib.pyplot as plt  # after figure(), which picks the Agg backend
-
     curves = [line.get_ydata() for line in fig.axes[0].get_lines()]
-    plt.close(fig)
     assert len(curves) == 2 and list(curves[-1][1:]) == pytest.approx([last[f"k{k}"] for k in (1, 2, 3)], abs=1e-4)
 
 
@@ -76,10 +73,7 @@ def test_param_scaling_counts_once() -> None:
     assert len(cb.history) == 1
     # the figure the base logs at fit end (the smoke fit runs without it): one count curve per network
     fig = cb.figure()
-    import matplotlib.pyplot as plt  # after figure(), which picks the Agg backend
-
     lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in fig.axes[0].get_lines()}
-    plt.close(fig)
     assert lines == {name: ([16, 32, 64], c) for name, c in counts.items()}
     csv = scaling_table(cb.widths, counts).splitlines()
     assert csv[0] == "width,AttnOptHyperINR,TransINRBaseline,MLPOptStepBaseline" and csv[1].startswith("16,")
