@@ -25,7 +25,7 @@ the union is counted (never a sum of per-rank counts).
 
 Logged: ``diag/causal_pieces/count``, ``/fraction`` (count / samples; 1 = saturated), ``/entropy`` (bits,
 of the piece-occupancy histogram), ``/layer{l}_distinct_sets`` (distinct per-layer patterns),
-``/relevant_neurons_mean``, and at fit start ``/count_init``; with a ``plane_grid`` DataModule also
+``/relevant_neurons_mean``, and at fit start ``/count_init``; with a ``ProvidesPlaneGrid`` DataModule also
 ``/grid_count_{init,final}`` (pieces on a dense grid of the input plane, which does not saturate at the
 number of samples); with ``lines > 0`` also ``/line_pieces`` and ``/line_pieces_init`` (mean pieces crossed
 along straight segments between pairs of samples, ``line_piece_counts``). In ``mode="full"`` every key is ``diag/causal_pieces/full/<key>`` instead, so a path
@@ -47,7 +47,7 @@ from torchmetrics import Metric
 
 from callbacks.diagnostic import Diagnostic, Moment, Schedule
 from errors import ConfigError
-from modules.protocols import ActivationPatterns, SpikeTimes
+from modules.protocols import ActivationPatterns, ProvidesPlaneGrid, SpikeTimes
 from tracking.figures import new_figure
 
 PREFIX = "diag/causal_pieces"
@@ -368,7 +368,7 @@ class CausalPieceCounter(Diagnostic):
         key: ``"auto"``, ``"exact"`` or ``"hash128"`` (see the module docstring).
         max_exact_bytes: memory budget of exact keys before ``key="auto"`` switches to hashes.
         piece_map: at fit start and end, log a piece map of the input plane as an MLflow figure when the
-            DataModule offers ``plane_grid(resolution) -> (points, inputs, classes)``.
+            DataModule is ``ProvidesPlaneGrid`` (``plane_grid(resolution) -> (points, inputs, classes)``).
         piece_map_resolution: points per side of the piece-map grid.
         lines: also count the pieces along this many straight segments between pairs of the split's first
             ``2 lines`` samples (kept for the whole run), logged as ``line_pieces`` (mean over segments) and
@@ -491,10 +491,12 @@ class CausalPieceCounter(Diagnostic):
             self._log_piece_map(trainer, pl_module, "final")
 
     def _log_piece_map(self, trainer: L.Trainer, pl_module: L.LightningModule, tag: str) -> None:
-        grid = getattr(trainer.datamodule, "plane_grid", None)
-        if not (self.piece_map and self.plot) or grid is None or trainer.global_rank != 0 or not trainer.loggers:
+        dm = trainer.datamodule
+        if not (self.piece_map and self.plot) or not isinstance(dm, ProvidesPlaneGrid):
             return
-        points, inputs, classes = grid(self.piece_map_resolution)
+        if trainer.global_rank != 0 or not trainer.loggers:
+            return
+        points, inputs, classes = dm.plane_grid(self.piece_map_resolution)
         ids = piece_ids(pl_module, inputs.to(pl_module.device), self.mode)
         n = int(ids.max()) + 1
         self.emit(trainer, {self._key(f"grid_count_{tag}"): float(n)}, trainer.global_step)

@@ -104,8 +104,8 @@ class SpikeYinYangDataModule(YinYangDataModule):
         return (4 + len(self.bias_times),)
 
     def plane_grid(self, resolution: int = 200) -> tuple[Tensor, Tensor, Tensor]:
-        """Protocol for piece-map figures: points ``(G, 2)`` of the plane inside the symbol, their encoded
-        inputs ``(G, N_in)`` and their classes ``(G,)``."""
+        """``ProvidesPlaneGrid`` (piece-map figures): points ``(G, 2)`` of the plane inside the symbol, their
+        encoded inputs ``(G, N_in)`` and their classes ``(G,)``."""
         lin = torch.linspace(0.0, 2 * self.r_big, resolution, dtype=torch.float64)
         gx, gy = torch.meshgrid(lin, lin, indexing="xy")
         pts = torch.stack([gx.flatten(), gy.flatten()], 1)

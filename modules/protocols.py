@@ -23,6 +23,14 @@ class SpikeTimes(Protocol):
 
 
 @runtime_checkable
+class ProvidesPlaneGrid(Protocol):
+    """DataModules of points in a plane (Yin-Yang): a grid of the plane inside the data's support, for piece
+    maps: its points ``(G, 2)``, their encoded inputs ``(G, N_in)`` and their classes ``(G,)``."""
+
+    def plane_grid(self, resolution: int = 200) -> tuple[Tensor, Tensor, Tensor]: ...
+
+
+@runtime_checkable
 class ActivationPatterns(Protocol):
     """Piecewise-linear networks: one boolean activation pattern ``(B, width)`` per layer on a batch."""
 

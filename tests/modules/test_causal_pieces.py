@@ -24,6 +24,7 @@ from modules.causal_pieces import (
     ttfs_loss,
 )
 from modules.causal_pieces.neurons import lambertw0
+from modules.protocols import ProvidesPlaneGrid
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -333,6 +334,8 @@ def test_spike_encodings():
     pts, inputs, cls = dm.plane_grid(20)
     assert inputs.shape == (pts.shape[0], 5) and set(cls.tolist()) == {0, 1, 2}
     dg = SpikeDigitsDataModule(v_min=0.05)
+    # the piece maps ask for the plane: Yin-Yang has one, 64-pixel digits do not
+    assert isinstance(dm, ProvidesPlaneGrid) and not isinstance(dg, ProvidesPlaneGrid)
     dg.setup()
     xd, yd = dg.splits["train"]
     assert xd.shape[1] == 65 == dg.num_features and torch.isinf(xd).any() and yd.max() == 9
