@@ -102,7 +102,8 @@ def label_value(value: Any) -> str:
 
 
 def safe_name(text: str) -> str:
-    """Run names are checkpoint folder names too: keep them to portable file-name characters."""
+    """A sweep point's label (part of its run names): portable file-name characters only, stricter than
+    ``tracking.names.folder_name``, which keeps ``#`` and brackets (``<name> #<n>``: the n-th run of a name)."""
     return re.sub(r"[^A-Za-z0-9._,=+-]+", "_", text).strip("_") or "x"
 
 

@@ -59,6 +59,12 @@ def test_constant_keys_stay_out_of_the_label_and_a_seed_study_is_one_base_point(
     assert [(p.label, p.seed) for p in seeds_only] == [("base", 0), ("base", 1), ("base", 2)]
 
 
+def test_labels_keep_to_portable_characters() -> None:
+    """A string value with a space, ``#`` or brackets gives a label of portable file-name characters only."""
+    spec = parse_sweep({"name": "s", "base": str(BASE), "grid": {"a.tag": ["x #2", "[y]"]}})
+    assert [p.label for p in expand(spec)] == ["tag=x_2", "tag=_y"]
+
+
 def test_seeds_default_to_the_base_configs_seed(tmp_path: Path) -> None:
     base = tmp_path / "b.yaml"
     base.write_text(yaml.safe_dump({**yaml.safe_load(BASE.read_text()), "seed_everything": 11}))
